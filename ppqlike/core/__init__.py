@@ -1,0 +1,1 @@
+"""Layer 1: graph IR, quantization configs and numerics."""

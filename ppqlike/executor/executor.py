@@ -1,0 +1,235 @@
+"""NumpyExecutor: runs a Graph on numpy arrays, with hooks around every op.
+
+The execution plan (topological order, one compiled kernel per op, and when
+each intermediate can be freed) is compiled once per graph revision and set of
+requested outputs.  Parameters are read from ``Variable.value`` at run time,
+so passes that change weights need no recompilation.
+
+Quantization simulation: when an op carries an OperationQuantizationConfig,
+the inputs and outputs whose configs are in an applied state are
+fake-quantized around the kernel (see ``ppqlike.executor.simulation``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..core.errors import ExecutionError, PPQLikeError
+from ..core.ir import Graph, Operation
+from .ops import Kernel, build_kernel
+
+
+class OperationHook:
+    """Called around every op.  Subclass and override what you need.
+
+    ``before_operation`` sees the op's input arrays (after input quantization)
+    and ``after_operation`` its output arrays (after output quantization).
+    Returning a list replaces the values; returning None keeps them.
+    """
+
+    def before_operation(self, operation: Operation, inputs: list) -> list | None:
+        return None
+
+    def after_operation(self, operation: Operation, inputs: list, outputs: list) -> list | None:
+        return None
+
+
+@dataclass
+class _Step:
+    operation: Operation
+    kernel: Kernel
+    inputs: tuple          # variable names (None for omitted inputs)
+    outputs: tuple         # variable names
+    release: tuple         # names whose last reader is this step
+
+
+@dataclass
+class _Plan:
+    steps: list
+    needed_inputs: tuple
+
+
+class NumpyExecutor:
+    """Runs ``graph`` with numpy.
+
+    >>> executor = NumpyExecutor(graph)
+    >>> logits, = executor.forward({"input": images})
+    """
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self._kernels: dict[str, tuple[int, Kernel]] = {}
+        self._plans: dict[tuple, _Plan] = {}
+        self._plan_revision = -1
+        self.compile()
+
+    # ----------------------------------------------------------- planning --
+    def compile(self, output_names: Sequence[str] | None = None) -> _Plan:
+        """Compile (or fetch) the plan computing ``output_names`` (graph outputs by default).
+
+        Unknown ops and unsupported attributes raise here, before data runs.
+        """
+        graph = self.graph
+        if graph.revision != self._plan_revision:
+            self._plans.clear()
+            self._plan_revision = graph.revision
+        names = tuple(v.name for v in graph.outputs) if output_names is None else tuple(output_names)
+        key = (names, tuple(v.name for v in graph.inputs))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._build_plan(names)
+        return plan
+
+    def _kernel(self, operation: Operation) -> Kernel:
+        cached = self._kernels.get(operation.name)
+        if cached is not None and cached[0] == id(operation):
+            return cached[1]
+        kernel = build_kernel(operation, self.graph.opset)
+        self._kernels[operation.name] = (id(operation), kernel)
+        return kernel
+
+    def _build_plan(self, output_names: tuple) -> _Plan:
+        graph = self.graph
+        for name in output_names:
+            if name not in graph.variables:
+                raise ExecutionError(f"graph {graph.name!r} has no tensor named {name!r} to output")
+        # Keep only the ops the requested outputs depend on.
+        needed: set[str] = set()
+        frontier = [graph.variables[n] for n in output_names]
+        while frontier:
+            variable = frontier.pop()
+            producer = variable.producer
+            if producer is None or producer.name in needed:
+                continue
+            needed.add(producer.name)
+            frontier.extend(v for v in producer.inputs if v is not None)
+        order = [op for op in graph.topological_sort() if op.name in needed]
+        graph_inputs = {v.name for v in graph.inputs}
+        last_use: dict[str, int] = {}
+        for index, operation in enumerate(order):
+            for variable in operation.inputs:
+                if variable is None:
+                    continue
+                if variable.producer is None and not variable.is_parameter and variable.name not in graph_inputs:
+                    raise ExecutionError(
+                        f"graph {graph.name!r}: input {variable.name!r} of {operation.type} node "
+                        f"{operation.name!r} is not produced by any node, nor a graph input or parameter")
+                last_use[variable.name] = index
+        keep = set(output_names)
+        releases: dict[int, list] = {}
+        for name, index in last_use.items():
+            variable = graph.variables[name]
+            if name not in keep and not variable.is_parameter:
+                releases.setdefault(index, []).append(name)
+        steps = [
+            _Step(op, self._kernel(op),
+                  tuple(None if v is None else v.name for v in op.inputs),
+                  tuple(v.name for v in op.outputs), tuple(releases.get(i, ())))
+            for i, op in enumerate(order)]
+        needed_inputs = tuple(n for n in (v.name for v in graph.inputs)
+                              if n in last_use or n in keep)
+        return _Plan(steps, needed_inputs)
+
+    # ---------------------------------------------------------- execution --
+    def prepare_inputs(self, inputs: Any) -> dict[str, np.ndarray]:
+        """Turn ``inputs`` (a mapping, a list in graph-input order, or one array) into named arrays.
+
+        Arrays are converted to each input's declared dtype; a missing input or
+        a rank that differs from the declared one is an ExecutionError.
+        """
+        graph = self.graph
+        if isinstance(inputs, Mapping):
+            named = dict(inputs)
+        elif isinstance(inputs, np.ndarray) or np.isscalar(inputs):
+            if len(graph.inputs) != 1:
+                raise ExecutionError(
+                    f"graph {graph.name!r} has {len(graph.inputs)} inputs "
+                    f"({[v.name for v in graph.inputs]}); pass a dict of name -> array")
+            named = {graph.inputs[0].name: inputs}
+        else:
+            arrays = list(inputs)
+            if len(arrays) != len(graph.inputs):
+                raise ExecutionError(f"graph {graph.name!r} expects {len(graph.inputs)} inputs, got {len(arrays)}")
+            named = {v.name: a for v, a in zip(graph.inputs, arrays)}
+        unknown = set(named) - {v.name for v in graph.inputs}
+        if unknown:
+            raise ExecutionError(f"graph {graph.name!r} has no input named {sorted(unknown)}; "
+                                 f"its inputs are {[v.name for v in graph.inputs]}")
+        prepared = {}
+        for variable in graph.inputs:
+            if variable.name not in named:
+                continue
+            array = np.asarray(named[variable.name])
+            if variable.dtype is not None and array.dtype != variable.dtype:
+                array = array.astype(variable.dtype)
+            if variable.shape is not None and array.ndim != len(variable.shape):
+                raise ExecutionError(
+                    f"input {variable.name!r} of graph {graph.name!r} must have rank {len(variable.shape)} "
+                    f"(shape {variable.shape}), got an array of shape {list(array.shape)}")
+            for declared, actual in zip(variable.shape or (), array.shape):
+                if isinstance(declared, int) and declared > 0 and declared != actual:
+                    raise ExecutionError(
+                        f"input {variable.name!r} of graph {graph.name!r} must have shape {variable.shape}, "
+                        f"got {list(array.shape)}")
+            prepared[variable.name] = array
+        return prepared
+
+    def forward(self, inputs: Any, output_names: Sequence[str] | None = None,
+                hooks: Sequence[OperationHook] = ()) -> list[np.ndarray]:
+        """Run the graph and return the requested outputs (graph outputs by default), in order."""
+        plan = self.compile(output_names)
+        names = tuple(v.name for v in self.graph.outputs) if output_names is None else tuple(output_names)
+        values: dict[str, Any] = self.prepare_inputs(inputs)
+        for name in plan.needed_inputs:
+            if name not in values:
+                raise ExecutionError(f"graph {self.graph.name!r}: input {name!r} was not given")
+        variables = self.graph.variables
+        for step in plan.steps:
+            operation = step.operation
+            arguments = []
+            for name in step.inputs:
+                if name is None:
+                    arguments.append(None)
+                elif name in values:
+                    arguments.append(values[name])
+                else:
+                    arguments.append(variables[name].value)
+            arguments = self._quantize_inputs(operation, arguments)
+            for hook in hooks:
+                replaced = hook.before_operation(operation, arguments)
+                if replaced is not None:
+                    arguments = list(replaced)
+            try:
+                results = step.kernel(arguments)
+            except PPQLikeError:
+                raise
+            except Exception as error:  # a numpy error inside a kernel: name the node
+                shapes = [None if a is None else list(np.shape(a)) for a in arguments]
+                raise ExecutionError(f"{operation.type} node {operation.name!r} failed on input shapes "
+                                     f"{shapes}: {type(error).__name__}: {error}") from error
+            results = self._quantize_outputs(operation, results)
+            for hook in hooks:
+                replaced = hook.after_operation(operation, arguments, results)
+                if replaced is not None:
+                    results = list(replaced)
+            for name, value in zip(step.outputs, results):
+                values[name] = value
+            for name in step.release:
+                values.pop(name, None)
+        outputs = []
+        for name in names:
+            value = values[name] if name in values else variables[name].value
+            outputs.append(np.asarray(value))
+        return outputs
+
+    __call__ = forward
+
+    # ---------------------------------------------------- quant simulation --
+    def _quantize_inputs(self, operation: Operation, arguments: list) -> list:
+        return arguments
+
+    def _quantize_outputs(self, operation: Operation, results: list) -> list:
+        return results

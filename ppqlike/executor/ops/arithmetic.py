@@ -1,0 +1,3 @@
+"""Kernels of the arithmetic op family."""
+
+KERNELS: dict = {}

@@ -1,0 +1,3 @@
+"""Kernels of the conv op family."""
+
+KERNELS: dict = {}

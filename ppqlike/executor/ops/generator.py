@@ -1,0 +1,3 @@
+"""Kernels of the generator op family."""
+
+KERNELS: dict = {}

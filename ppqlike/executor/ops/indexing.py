@@ -1,0 +1,3 @@
+"""Kernels of the indexing op family."""
+
+KERNELS: dict = {}

@@ -1,0 +1,3 @@
+"""Kernels of the linear op family."""
+
+KERNELS: dict = {}

@@ -1,0 +1,3 @@
+"""Kernels of the logic op family."""
+
+KERNELS: dict = {}

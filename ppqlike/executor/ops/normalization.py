@@ -1,0 +1,3 @@
+"""Kernels of the normalization op family."""
+
+KERNELS: dict = {}

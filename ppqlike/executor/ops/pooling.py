@@ -1,0 +1,3 @@
+"""Kernels of the pooling op family."""
+
+KERNELS: dict = {}

@@ -1,0 +1,3 @@
+"""Kernels of the reduction op family."""
+
+KERNELS: dict = {}

@@ -1,0 +1,3 @@
+"""Kernels of the resize op family."""
+
+KERNELS: dict = {}

@@ -1,0 +1,3 @@
+"""Kernels of the tensor op family."""
+
+KERNELS: dict = {}

@@ -1,0 +1,122 @@
+"""Graph → ONNX.
+
+Writes the graph back as a ModelProto: parameters become initializers (in
+first-use order), optional inputs left out become empty names, dynamic
+dimensions keep their names.  Files are written atomically: to a temporary
+name beside the destination, then renamed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..core.errors import ExportError
+from ..core.ir import Graph, Variable
+
+#: onnxruntime 1.31 reads IR versions up to 13; onnx 1.23 writes 14 by default.
+MAX_IR_VERSION = 10
+
+
+def _value_info(variable: Variable) -> onnx.ValueInfoProto:
+    elem = 0 if variable.dtype is None else helper.np_dtype_to_tensor_dtype(variable.dtype)
+    shape = None if variable.shape is None else [d if d is None or isinstance(d, (int, str)) else int(d)
+                                                  for d in variable.shape]
+    return helper.make_tensor_value_info(variable.name, elem, shape)
+
+
+def _attribute_value(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return numpy_helper.from_array(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict | None = None,
+                      keep_value_info: bool = False) -> onnx.ModelProto:
+    """Build a ModelProto from ``graph``.
+
+    ``opset`` overrides the default-domain opset (the graph's by default);
+    ``extra_opsets`` adds imports of other domains.
+    """
+    nodes, initializers, written = [], [], set()
+    interface = {v.name for v in graph.inputs}
+    for operation in graph.topological_sort():
+        for variable in operation.inputs:
+            if variable is not None and variable.is_parameter and variable.name not in written \
+                    and variable.name not in interface:
+                initializers.append(numpy_helper.from_array(np.asarray(variable.value), variable.name))
+                written.add(variable.name)
+        attributes = {k: _attribute_value(v) for k, v in operation.attributes.items()}
+        nodes.append(helper.make_node(
+            operation.type, ["" if v is None else v.name for v in operation.inputs],
+            [v.name for v in operation.outputs], name=operation.name, domain=operation.domain or None,
+            **attributes))
+    for variable in graph.outputs:  # a graph output that is a constant
+        if variable.is_parameter and variable.name not in written:
+            initializers.append(numpy_helper.from_array(np.asarray(variable.value), variable.name))
+            written.add(variable.name)
+    value_info = []
+    if keep_value_info:
+        value_info = [_value_info(v) for v in graph.variables.values()
+                      if not v.is_parameter and v.shape is not None and v not in graph.inputs
+                      and v not in graph.outputs and v.producer is not None]
+    onnx_graph = helper.make_graph(nodes, graph.name, [_value_info(v) for v in graph.inputs],
+                                   [_value_info(v) for v in graph.outputs], initializers,
+                                   value_info=value_info)
+    imports = dict(graph.metadata.get("opset_imports", {}))
+    imports.pop("ai.onnx", None)
+    imports[""] = opset or graph.opset
+    imports.update(extra_opsets or {})
+    for operation in graph.operations.values():
+        if operation.domain and operation.domain not in imports:
+            imports[operation.domain] = 1
+    model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid(d, v) for d, v in imports.items()],
+                              producer_name="ppqlike")
+    model.ir_version = min(int(graph.metadata.get("ir_version") or MAX_IR_VERSION), MAX_IR_VERSION)
+    if opset and opset > graph.opset or model.ir_version < 7:
+        model.ir_version = MAX_IR_VERSION
+    for key, value in graph.metadata.get("metadata_props", {}).items():
+        helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, key: value})
+    return model
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, protect: tuple = ()) -> None:
+    """Write ``data`` to ``path`` whole or not at all (temporary file, then rename).
+
+    ``protect`` lists paths (e.g. the user's input model) that must never be overwritten.
+    """
+    path = os.path.abspath(os.fspath(path))
+    for other in protect:
+        if other is not None and os.path.abspath(os.fspath(other)) == path:
+            raise ExportError(f"refusing to write {path!r}: it is the input model; choose another output path")
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        raise ExportError(f"cannot write {path!r}: folder {directory!r} does not exist")
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=".ppqlike-", suffix=".tmp", dir=directory)
+    except OSError as error:
+        raise ExportError(f"cannot write into folder {directory!r}: {error.strerror}") from None
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        os.replace(temporary, path)
+    except OSError as error:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise ExportError(f"cannot write {path!r}: {error.strerror}") from None
+
+
+def save_onnx_graph(graph: Graph, path: str | os.PathLike, opset: int | None = None,
+                    protect: tuple = ()) -> onnx.ModelProto:
+    """Export ``graph`` and write it to ``path`` atomically; returns the ModelProto."""
+    model = export_onnx_model(graph, opset=opset)
+    data = model.SerializeToString()
+    atomic_write_bytes(path, data, protect=protect)
+    return model

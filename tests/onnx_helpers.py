@@ -1,0 +1,80 @@
+"""Helpers for tests: build single-node ONNX models and compare the executor with onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime
+from onnx import helper
+
+import ppqlike
+
+IR_VERSION = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 writes 14 by default
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=13, value_info=()):
+    """A ModelProto with ``ir_version`` set so that onnxruntime can read it."""
+    graph = helper.make_graph(nodes, "test", inputs, outputs, list(initializers), value_info=list(value_info))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = IR_VERSION
+    return model
+
+
+def single_node_model(op_type, inputs, attributes=None, initializers=None, n_outputs=1, opset=13,
+                      output_types=None):
+    """A model of one node.
+
+    ``inputs`` maps input names to example arrays: names in ``initializers``
+    (a set of names) become initializers holding that array, the others graph
+    inputs.  ``None`` as a name's value means an omitted optional input.
+    """
+    initializers = set(initializers or ())
+    graph_inputs, inits, names = [], [], []
+    for name, array in inputs.items():
+        if array is None:
+            names.append("")
+            continue
+        names.append(name)
+        array = np.asarray(array)
+        if name in initializers:
+            inits.append(onnx.numpy_helper.from_array(array, name))
+        else:
+            graph_inputs.append(helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape)))
+    output_names = [f"y{i}" for i in range(n_outputs)]
+    outputs = [helper.make_tensor_value_info(n, (output_types or {}).get(n, 0), None) for n in output_names]
+    node = helper.make_node(op_type, names, output_names, name=f"{op_type.lower()}_node", **(attributes or {}))
+    return make_model([node], graph_inputs, outputs, inits, opset=opset)
+
+
+def run_onnxruntime(model, feeds):
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def run_executor(model, feeds, output_names=None):
+    graph = ppqlike.load_onnx_graph(model)
+    return ppqlike.NumpyExecutor(graph).forward(feeds, output_names=output_names)
+
+
+def assert_matches_onnxruntime(op_type, inputs, attributes=None, initializers=None, n_outputs=1,
+                               opset=13, rtol=1e-5, atol=1e-6, exact=False):
+    """Run one node in onnxruntime and in the executor and compare every output.
+
+    Shapes and dtypes must agree; values within ``rtol``/``atol`` (or exactly).
+    Returns the executor's outputs.
+    """
+    model = single_node_model(op_type, inputs, attributes, initializers, n_outputs, opset)
+    initializers = set(initializers or ())
+    feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in initializers}
+    expected = run_onnxruntime(model, feeds)
+    actual = run_executor(model, feeds)
+    assert len(actual) == len(expected)
+    for index, (got, want) in enumerate(zip(actual, expected)):
+        assert got.shape == want.shape, f"{op_type} output {index}: shape {got.shape} != {want.shape}"
+        assert got.dtype == want.dtype, f"{op_type} output {index}: dtype {got.dtype} != {want.dtype}"
+        if exact or not np.issubdtype(want.dtype, np.floating):
+            np.testing.assert_array_equal(got, want, err_msg=f"{op_type} output {index}")
+        else:
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"{op_type} output {index}")
+    return actual
