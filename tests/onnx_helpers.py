@@ -44,7 +44,25 @@ def single_node_model(op_type, inputs, attributes=None, initializers=None, n_out
     output_names = [f"y{i}" for i in range(n_outputs)]
     outputs = [helper.make_tensor_value_info(n, (output_types or {}).get(n, 0), None) for n in output_names]
     node = helper.make_node(op_type, names, output_names, name=f"{op_type.lower()}_node", **(attributes or {}))
-    return make_model([node], graph_inputs, outputs, inits, opset=opset)
+    model = make_model([node], graph_inputs, outputs, inits, opset=opset)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    known = {v.name: v.type for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    for output in model.graph.output:
+        inferred_type = known.get(output.name)
+        if inferred_type is not None and inferred_type.tensor_type.elem_type:
+            output.type.CopyFrom(inferred_type)
+        if not output.type.tensor_type.elem_type:
+            output.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    # Outputs whose shape inference could not tell get their rank from a real run.
+    if any(not o.type.tensor_type.HasField("shape") for o in model.graph.output):
+        feeds = {i.name: np.asarray(inputs[i.name]) for i in model.graph.input}
+        for output, value in zip(model.graph.output, run_onnxruntime(model, feeds)):
+            if not output.type.tensor_type.HasField("shape"):
+                output.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(value.dtype)
+                shape = output.type.tensor_type.shape
+                for axis in range(value.ndim):
+                    shape.dim.add().dim_param = f"{output.name}_d{axis}"
+    return model
 
 
 def run_onnxruntime(model, feeds):
