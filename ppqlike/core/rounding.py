@@ -1,0 +1,119 @@
+"""Rounding policies and the one function that applies them (DESIGN.md §2).
+
+Every place in ppqlike that rounds (quantize, requantize shifts, bias, zero
+points) takes a :class:`RoundingPolicy` and goes through :func:`round_values`
+(or, for integers, :func:`ppqlike.core.numerics.rounding_right_shift`).
+
+Ties are detected exactly: ``r = rint(x)`` is exact and so is ``d = x - r``
+(Sterbenz), with ``|d| <= 0.5``; ``x`` is a tie iff ``|d| == 0.5``.  No
+``floor(x + 0.5)``, which is wrong for x = 0.49999999999999994.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from ppqlike.core.errors import QuantizationPolicyError
+
+__all__ = ["RoundingPolicy", "round_values", "round_inplace"]
+
+
+class RoundingPolicy(enum.Enum):
+    """How a real value becomes an integer; values are the policy names (JSON).
+
+    ======================== ======================= ==== =====
+    policy                   rule                    2.5  -2.5
+    ======================== ======================= ==== =====
+    ROUND_HALF_EVEN          ties to even            2    -2
+    ROUND_HALF_AWAY_FROM_ZERO sign(x)*floor(|x|+.5)  3    -3
+    ROUND_HALF_TOWARDS_ZERO  sign(x)*ceil(|x|-.5)    2    -2
+    ROUND_HALF_UP            floor(x+.5)             3    -2
+    ROUND_HALF_DOWN          ceil(x-.5)              2    -3
+    ROUND_UP                 ceil(x)                 3    -2
+    ROUND_DOWN               floor(x)                2    -3
+    ROUND_TO_ZERO            trunc(x)                2    -2
+    ======================== ======================= ==== =====
+    """
+
+    ROUND_HALF_EVEN = "ROUND_HALF_EVEN"
+    ROUND_HALF_AWAY_FROM_ZERO = "ROUND_HALF_AWAY_FROM_ZERO"
+    ROUND_HALF_TOWARDS_ZERO = "ROUND_HALF_TOWARDS_ZERO"
+    ROUND_HALF_UP = "ROUND_HALF_UP"
+    ROUND_HALF_DOWN = "ROUND_HALF_DOWN"
+    ROUND_UP = "ROUND_UP"
+    ROUND_DOWN = "ROUND_DOWN"
+    ROUND_TO_ZERO = "ROUND_TO_ZERO"
+
+    @classmethod
+    def parse(cls, value: "RoundingPolicy | str") -> "RoundingPolicy":
+        """A policy from itself or its name; QuantizationPolicyError otherwise."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value))
+        except ValueError:
+            names = ", ".join(p.name for p in cls)
+            raise QuantizationPolicyError(f"unknown rounding policy {value!r}; expected one of {names}") from None
+
+
+_P = RoundingPolicy
+
+
+def round_inplace(t: np.ndarray, policy: RoundingPolicy) -> np.ndarray:
+    """Round the floating array ``t`` in place under ``policy`` and return it.
+
+    ``t`` must be a writeable floating ndarray (0-d allowed).  NaN and inf pass
+    through unchanged.
+    """
+    if policy is _P.ROUND_HALF_EVEN:
+        return np.rint(t, out=t)
+    if policy is _P.ROUND_UP:
+        return np.ceil(t, out=t)
+    if policy is _P.ROUND_DOWN:
+        return np.floor(t, out=t)
+    if policy is _P.ROUND_TO_ZERO:
+        return np.trunc(t, out=t)
+    # Half-way policies: r = rint(t) is the answer except on ties, where
+    # d = t - r is exactly +0.5 (r is the lower neighbour) or -0.5 (upper).
+    r = np.rint(t)
+    d = np.subtract(t, r, out=t)  # t now holds d (exact); r the candidate
+    if policy is _P.ROUND_HALF_UP:
+        r += d == 0.5
+    elif policy is _P.ROUND_HALF_DOWN:
+        r -= d == -0.5
+    elif policy is _P.ROUND_HALF_AWAY_FROM_ZERO:
+        r += (d == 0.5) & (r >= 0)   # x = r + .5 > 0 -> up
+        r -= (d == -0.5) & (r <= 0)  # x = r - .5 < 0 -> down
+    elif policy is _P.ROUND_HALF_TOWARDS_ZERO:
+        r += (d == 0.5) & (r < 0)    # x = r + .5 < 0 -> up (towards 0)
+        r -= (d == -0.5) & (r > 0)   # x = r - .5 > 0 -> down
+    else:  # pragma: no cover - the enum is closed
+        raise QuantizationPolicyError(f"unknown rounding policy {policy!r}")
+    t[...] = r
+    return t
+
+
+def round_values(x, policy: RoundingPolicy | str = RoundingPolicy.ROUND_HALF_EVEN):
+    """Round ``x`` to integral values under ``policy``.
+
+    Arrays give an array of the same floating dtype (integer arrays come back
+    unchanged); Python and numpy scalars give a Python ``float``.  Both paths
+    run the same code, so they agree on every tie, negative ties included.
+    """
+    policy = RoundingPolicy.parse(policy)
+    if isinstance(x, np.ndarray):
+        if not np.issubdtype(x.dtype, np.floating):
+            if np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_:
+                return x
+            x = x.astype(np.float64)
+        return round_inplace(np.array(x, copy=True), policy)
+    # Python / numpy scalars (and sequences, which become float64 arrays).
+    arr = np.asarray(x)
+    if not np.issubdtype(arr.dtype, np.floating):
+        arr = arr.astype(np.float64)
+    else:
+        arr = arr.copy()
+    out = round_inplace(arr, policy)
+    return float(out) if out.ndim == 0 else out

@@ -1,0 +1,178 @@
+"""The pass interface, the pipeline that runs passes in order, and the pass registry.
+
+A pass is an object with a ``name`` and one ``optimize`` method.  The pipeline
+hands every pass the same keyword arguments (graph, executor, dataloader,
+calib_steps, collate_fn); a pass uses what it needs and ignores the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from tqdm.auto import tqdm
+
+from ..core.errors import CalibrationDataError, PlatformError
+from ..core.ir import Graph
+
+
+class QuantizationOptimizationPass:
+    """Base class of every pass.  Subclasses set ``name`` and override ``optimize``.
+
+    ``optimize`` edits the graph's configs in place and may return a dict of
+    facts to report (counts, errors); the pipeline records it.
+    """
+
+    name: str = "pass"
+
+    def optimize(self, graph: Graph, executor: Any = None, dataloader: Iterable | None = None,
+                 calib_steps: int | None = None, collate_fn: Callable | None = None,
+                 **kwargs: Any) -> dict | None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<pass {self.name}>"
+
+
+@dataclass
+class PassRecord:
+    """What one pass did in a pipeline run: its name, seconds taken and report."""
+
+    name: str
+    seconds: float
+    report: dict = field(default_factory=dict)
+
+
+class QuantizationOptimizationPipeline:
+    """An ordered list of passes, run one after another, each timed."""
+
+    def __init__(self, passes: Sequence[QuantizationOptimizationPass]):
+        self.passes = list(passes)
+        self.records: list[PassRecord] = []
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+    def index(self, name: str) -> int:
+        """Position of the pass called ``name``; PlatformError listing the names if absent."""
+        for position, existing in enumerate(self.passes):
+            if existing.name == name:
+                return position
+        raise PlatformError(f"no pass named {name!r} in the pipeline; its passes are {self.names}")
+
+    def insert(self, new_pass: QuantizationOptimizationPass, before: str | None = None,
+               after: str | None = None) -> None:
+        """Place ``new_pass`` before or after the pass named so (at the end when neither is given)."""
+        if before is not None and after is not None:
+            raise PlatformError("give either before= or after=, not both")
+        if before is not None:
+            self.passes.insert(self.index(before), new_pass)
+        elif after is not None:
+            self.passes.insert(self.index(after) + 1, new_pass)
+        else:
+            self.passes.append(new_pass)
+
+    def optimize(self, graph: Graph, verbose: int = 0, **kwargs: Any) -> list[PassRecord]:
+        """Run every pass on ``graph``; returns (and keeps) one record per pass."""
+        self.records = []
+        for current in self.passes:
+            started = time.perf_counter()
+            report = current.optimize(graph, **kwargs) or {}
+            record = PassRecord(current.name, time.perf_counter() - started, dict(report))
+            self.records.append(record)
+            if verbose:
+                print(f"[ppqlike] {record.name:<28s} {record.seconds:7.2f}s  {_summary(record.report)}")
+        return self.records
+
+
+def _summary(report: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in report.items() if isinstance(v, (int, float, str)))
+
+
+class PassRegistry:
+    """User passes to add to pipelines, each placed before or after a named built-in pass.
+
+    A registry is an ordinary object: ``ppqlike.register_pass`` adds to the
+    default one that ``quantize_onnx_model`` reads; nothing registers itself
+    at import time.
+    """
+
+    def __init__(self):
+        self._entries: list[tuple[QuantizationOptimizationPass, str | None, str | None]] = []
+
+    def register(self, new_pass: QuantizationOptimizationPass, before: str | None = None,
+                 after: str | None = None) -> QuantizationOptimizationPass:
+        if not isinstance(new_pass, QuantizationOptimizationPass):
+            raise PlatformError(f"{new_pass!r} is not a QuantizationOptimizationPass instance")
+        if before is not None and after is not None:
+            raise PlatformError("give either before= or after=, not both")
+        self._entries.append((new_pass, before, after))
+        return new_pass
+
+    def unregister(self, new_pass: QuantizationOptimizationPass) -> None:
+        self._entries = [entry for entry in self._entries if entry[0] is not new_pass]
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def apply(self, pipeline: QuantizationOptimizationPipeline) -> QuantizationOptimizationPipeline:
+        """Insert every registered pass into ``pipeline`` (in registration order)."""
+        for new_pass, before, after in self._entries:
+            pipeline.insert(new_pass, before=before, after=after)
+        return pipeline
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+DEFAULT_PASS_REGISTRY = PassRegistry()
+
+
+def register_pass(new_pass: QuantizationOptimizationPass, before: str | None = None,
+                  after: str | None = None) -> QuantizationOptimizationPass:
+    """Add a user pass to every pipeline ``quantize_onnx_model`` builds, before or after a named pass."""
+    return DEFAULT_PASS_REGISTRY.register(new_pass, before=before, after=after)
+
+
+def iterate_calibration(dataloader: Iterable, calib_steps: int | None = None,
+                        collate_fn: Callable | None = None, description: str = "calibration",
+                        verbose: bool = True) -> Iterator[Any]:
+    """Yield up to ``calib_steps`` batches of ``dataloader`` (through ``collate_fn``) with a tqdm bar.
+
+    An empty dataloader, or one shorter than ``calib_steps``, is a CalibrationDataError.
+    """
+    if dataloader is None:
+        raise CalibrationDataError(f"{description} needs calibration data, but no dataloader was given")
+    total = calib_steps
+    if total is None:
+        try:
+            total = len(dataloader)  # type: ignore[arg-type]
+        except TypeError:
+            total = None
+    elif total <= 0:
+        raise CalibrationDataError(f"calib_steps must be positive, got {calib_steps}")
+    else:
+        try:
+            available = len(dataloader)  # type: ignore[arg-type]
+        except TypeError:
+            available = None
+        if available is not None and available < calib_steps:
+            raise CalibrationDataError(
+                f"calib_steps is {calib_steps} but the dataloader holds only {available} batches; "
+                f"lower calib_steps to at most {available} or give more data")
+    seen = 0
+    with tqdm(total=total, desc=description, unit="batch", disable=not verbose, leave=False) as bar:
+        for batch in dataloader:
+            if calib_steps is not None and seen >= calib_steps:
+                break
+            yield collate_fn(batch) if collate_fn is not None else batch
+            seen += 1
+            bar.update(1)
+    if seen == 0:
+        raise CalibrationDataError("the calibration dataloader yielded no batch")
+    if calib_steps is not None and seen < calib_steps:
+        raise CalibrationDataError(
+            f"calib_steps is {calib_steps} but the dataloader yielded only {seen} batches; "
+            f"lower calib_steps to at most {seen} or give more data")
