@@ -156,6 +156,12 @@ class Graph:
             if variable.producer is not None:
                 raise GraphError(f"operation {name!r}: variable {variable.name!r} is already "
                                  f"produced by {variable.producer.name!r}")
+            if variable.value is not None or variable in self.inputs:
+                kind = "a parameter" if variable.value is not None else "a graph input"
+                raise GraphError(f"operation {name!r}: output {variable.name!r} is {kind}; "
+                                 "an op cannot write it")
+        if len({id(v) for v in outputs}) != len(outputs):
+            raise GraphError(f"operation {name!r}: the same variable appears twice among its outputs")
         self.operations[name] = operation
         for variable in inputs:
             operation.inputs.append(variable)
@@ -221,12 +227,13 @@ class Graph:
             return False  # e.g. a Dropout mask that something reads
         if target in self.outputs and (source.producer is None or source in self.outputs):
             return False
+        target_is_output = target in self.outputs
         outputs = list(operation.outputs)
         self.remove_operation(operation, remove_unused_outputs=False)
         self.replace_variable(target, source)
         for variable in outputs:
             del self.variables[variable.name]
-        if source in self.outputs:  # it took the place of target
+        if target_is_output:  # source took the place of target: keep the interface name
             self.rename_variable(source, target.name)
         return True
 
@@ -247,15 +254,22 @@ class Graph:
         self.outputs = [new if v is old else v for v in self.outputs]
 
     def replace_input(self, operation: Operation, index: int, new: Variable | None) -> None:
-        """Make input slot ``index`` of ``operation`` read ``new``."""
+        """Make input slot ``index`` of ``operation`` read ``new``.
+
+        An ``index`` past the last slot adds slots (omitted ones in between are
+        ``None``): that is how an optional input such as a Conv bias is added.
+        """
         self.revision += 1
         self._own_operation(operation)
+        if new is not None:
+            self._own_variable(new)
+        if index >= len(operation.inputs):
+            operation.inputs.extend([None] * (index + 1 - len(operation.inputs)))
         old = operation.inputs[index]
         if old is not None:
             old.consumers.remove(operation)
         operation.inputs[index] = new
         if new is not None:
-            self._own_variable(new)
             new.consumers.append(operation)
 
     def insert_operation_on_variable(self, variable: Variable, op_type: str,
@@ -370,26 +384,33 @@ class Graph:
         for mapping in matcher.subgraph_monomorphisms_iter():
             by_index = {index: self.operations[name] for name, index in mapping.items()}
             chain = [by_index[i] for i in range(len(pattern))]
-            if exclusive and any(
-                    consumer is not chain[i + 1]
-                    for operation in chain[:-1] for variable in operation.outputs
-                    for consumer in variable.consumers) \
-                    or exclusive and any(v in self.outputs for op in chain[:-1] for v in op.outputs):
+            if exclusive and not self._chain_is_exclusive(chain):
                 continue
             chains.append(chain)
         order = {op.name: i for i, op in enumerate(self.topological_sort())}
         chains.sort(key=lambda c: order[c[0].name])
         return chains
 
+    def _chain_is_exclusive(self, chain: list[Operation]) -> bool:
+        """True when every output of every op but the last is read only by the next op."""
+        for position, operation in enumerate(chain[:-1]):
+            for variable in operation.outputs:
+                if variable in self.outputs:
+                    return False
+                if any(consumer is not chain[position + 1] for consumer in variable.consumers):
+                    return False
+        return True
+
     # ---------------------------------------------------------- checking --
     def check(self) -> None:
         """Raise GraphError if any producer/consumer link is inconsistent."""
         for variable in self.variables.values():
             if variable.producer is not None:
-                if variable.producer.name not in self.operations or variable not in variable.producer.outputs:
+                if self.operations.get(variable.producer.name) is not variable.producer \
+                        or variable not in variable.producer.outputs:
                     raise GraphError(f"variable {variable.name!r}: producer link is broken")
             for consumer in variable.consumers:
-                if consumer.name not in self.operations or variable not in consumer.inputs:
+                if self.operations.get(consumer.name) is not consumer or variable not in consumer.inputs:
                     raise GraphError(f"variable {variable.name!r}: consumer {consumer.name!r} link is broken")
         for operation in self.operations.values():
             for variable in operation.inputs:
@@ -405,6 +426,15 @@ class Graph:
         for variable in self.inputs + self.outputs:
             if self.variables.get(variable.name) is not variable:
                 raise GraphError(f"graph interface variable {variable.name!r} is not in the graph")
+        for variable in self.inputs:
+            if variable.producer is not None:
+                raise GraphError(f"graph input {variable.name!r} is written by {variable.producer.name!r}")
+        for name, variable in self.variables.items():
+            if variable.name != name:
+                raise GraphError(f"variable {variable.name!r} is registered under another name {name!r}")
+        for name, operation in self.operations.items():
+            if operation.name != name:
+                raise GraphError(f"operation {operation.name!r} is registered under another name {name!r}")
 
     def __iter__(self) -> Iterator[Operation]:
         return iter(self.topological_sort())

@@ -78,7 +78,8 @@ def round_inplace(t: np.ndarray, policy: RoundingPolicy) -> np.ndarray:
     # Half-way policies: r = rint(t) is the answer except on ties, where
     # d = t - r is exactly +0.5 (r is the lower neighbour) or -0.5 (upper).
     r = np.rint(t)
-    d = np.subtract(t, r, out=t)  # t now holds d (exact); r the candidate
+    with np.errstate(invalid="ignore"):  # inf - inf = nan: compares False, r stays inf
+        d = np.subtract(t, r, out=t)  # t now holds d (exact); r the candidate
     if policy is _P.ROUND_HALF_UP:
         r += d == 0.5
     elif policy is _P.ROUND_HALF_DOWN:

@@ -1,0 +1,329 @@
+"""Quantization arithmetic as small pure numpy functions (DESIGN.md §2).
+
+    q = clamp(round(x / S) + Z, qmin, qmax)        r = S * (q - Z)
+
+Precision rules (so the simulation equals onnxruntime's QuantizeLinear /
+DequantizeLinear bit for bit):
+
+* ``x / S`` is a true division, never ``x * (1/S)``.  It runs in float32 when
+  ``x`` is float32 (or float16) and ``scale`` is a float32 array/scalar and the
+  integer range fits float32's exact integers (|qmin|, |qmax| <= 2^24);
+  otherwise in float64 (Python float scales, float64 data, 32-bit bias).
+* Dequantization runs in float32 when ``scale`` is float32 (float32(q - Z) * S,
+  like onnxruntime), otherwise in float64; the result is always float32.
+* Integer results are int32 when [qmin, qmax] fits int32, else int64.
+
+Bad parameters (scale <= 0 or not finite, qmin >= qmax, a per-channel scale
+whose length is not the channel count) raise QuantizationStateError.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ppqlike.core.errors import CalibrationDataError, QuantizationStateError
+from ppqlike.core.rounding import RoundingPolicy, round_inplace, round_values
+
+__all__ = [
+    "RoundingPolicy", "round_values", "quantize", "dequantize", "fake_quantize",
+    "minmax_to_scale_offset", "power_of_2_scale", "scale_to_multiplier_shift",
+    "rounding_right_shift", "requantize", "integer_dtype",
+]
+
+_F32_EXACT = 1 << 24
+_MAX_RSHIFT = 62
+
+
+def integer_dtype(quant_min: int, quant_max: int) -> np.dtype:
+    """int32 when [quant_min, quant_max] fits int32, else int64."""
+    info = np.iinfo(np.int32)
+    return np.dtype(np.int32) if info.min <= quant_min and quant_max <= info.max else np.dtype(np.int64)
+
+
+def _check_range(quant_min, quant_max) -> tuple[int, int]:
+    qmin, qmax = int(quant_min), int(quant_max)
+    if qmin >= qmax:
+        raise QuantizationStateError(f"quant_min {qmin} must be below quant_max {qmax}")
+    return qmin, qmax
+
+
+def _broadcast_shape(param: np.ndarray, ndim: int, shape, channel_axis, what: str):
+    """Reshape a per-channel 1-D ``param`` to broadcast along ``channel_axis``."""
+    if param.ndim == 0 or (param.size == 1 and channel_axis is None):
+        return param.reshape(())
+    if param.ndim != 1:
+        raise QuantizationStateError(f"{what} must be a scalar or 1-D per-channel array, got shape {param.shape}")
+    if channel_axis is None:
+        raise QuantizationStateError(f"per-channel {what} (length {param.size}) needs a channel_axis")
+    axis = channel_axis + ndim if channel_axis < 0 else channel_axis
+    if not 0 <= axis < ndim:
+        raise QuantizationStateError(f"channel_axis {channel_axis} out of range for a {ndim}-D tensor")
+    if shape[axis] != param.size and param.size != 1:
+        raise QuantizationStateError(
+            f"per-channel {what} has {param.size} values but axis {channel_axis} has {shape[axis]} channels")
+    new_shape = [1] * ndim
+    new_shape[axis] = param.size
+    return param.reshape(new_shape)
+
+
+def _scale_array(scale, dtype, ndim, shape, channel_axis) -> np.ndarray:
+    s = np.asarray(scale, dtype=dtype)
+    if not np.all(np.isfinite(s) & (s > 0)):
+        raise QuantizationStateError(f"scale must be finite and > 0, got {np.asarray(scale)!r}")
+    return _broadcast_shape(s, ndim, shape, channel_axis, "scale")
+
+
+def _offset_array(offset, dtype, ndim, shape, channel_axis):
+    z = np.asarray(offset)
+    if z.ndim == 0 and z == 0:
+        return None
+    if not np.issubdtype(z.dtype, np.integer):
+        if not np.all(z == np.round(z)):
+            raise QuantizationStateError(f"offset must be integer-valued, got {z!r}")
+    return _broadcast_shape(z.astype(dtype), ndim, shape, channel_axis, "offset")
+
+
+def _is_f32(a) -> bool:
+    return isinstance(a, (np.ndarray, np.generic)) and a.dtype == np.float32
+
+
+def _quant_dtype(x: np.ndarray, scale, qmin: int, qmax: int) -> type:
+    small = -_F32_EXACT <= qmin and qmax <= _F32_EXACT
+    if small and x.dtype in (np.float32, np.float16) and _is_f32(scale):
+        return np.float32
+    return np.float64
+
+
+def _quantize_float(x, scale, offset, qmin, qmax, rounding, channel_axis):
+    """clamp(round(x / S) + Z) as floats in the compute dtype, plus (S, Z) broadcastable."""
+    x = np.asarray(x)
+    rounding = RoundingPolicy.parse(rounding)
+    dt = _quant_dtype(x, scale, qmin, qmax)
+    s = _scale_array(scale, dt, x.ndim, x.shape, channel_axis)
+    z = _offset_array(offset, dt, x.ndim, x.shape, channel_axis)
+    t = np.divide(x, s, dtype=dt)
+    if t.ndim == 0:
+        t = np.array(t)
+    round_inplace(t, rounding)
+    if z is not None:
+        t += z
+    np.clip(t, qmin, qmax, out=t)
+    return t, s, z
+
+
+def quantize(x, scale, offset, quant_min: int, quant_max: int,
+             rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN, channel_axis: int | None = None):
+    """q = clamp(round(x / scale) + offset, quant_min, quant_max) as int32 (int64 if the range needs it).
+
+    Per tensor: scalar ``scale``/``offset``; per channel: 1-D arrays laid
+    along ``channel_axis``.  NaN inputs give unspecified integers.
+    """
+    qmin, qmax = _check_range(quant_min, quant_max)
+    t, _, _ = _quantize_float(x, scale, offset, qmin, qmax, rounding, channel_axis)
+    with np.errstate(invalid="ignore"):
+        return t.astype(integer_dtype(qmin, qmax))
+
+
+def dequantize(q, scale, offset, channel_axis: int | None = None) -> np.ndarray:
+    """r = scale * (q - offset) as float32 (computed in float32 when scale is float32)."""
+    q = np.asarray(q)
+    dt = np.float32 if _is_f32(scale) else np.float64
+    s = _scale_array(scale, dt, q.ndim, q.shape, channel_axis)
+    z = _offset_array(offset, np.int64, q.ndim, q.shape, channel_axis)
+    diff = q.astype(np.int64) if np.issubdtype(q.dtype, np.integer) else np.rint(q).astype(np.int64)
+    if z is not None:
+        diff = diff - z
+    r = diff.astype(dt)
+    r *= s
+    return r if dt is np.float32 else r.astype(np.float32)
+
+
+def fake_quantize(x, scale, offset, quant_min: int, quant_max: int,
+                  rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN,
+                  channel_axis: int | None = None) -> np.ndarray:
+    """dequantize(quantize(x)) in float32, bit-identical to the two-step path.
+
+    One new array, rounded, clamped and rescaled in place.
+    """
+    qmin, qmax = _check_range(quant_min, quant_max)
+    t, s, z = _quantize_float(x, scale, offset, qmin, qmax, rounding, channel_axis)
+    if z is not None:
+        t -= z  # exact: integers below 2^53 (2^24 in float32)
+    dt = np.float32 if _is_f32(scale) else np.float64
+    if t.dtype != dt:  # float32 scale but float64 quantization (float64 x or a 32-bit range)
+        t = t.astype(dt)
+        s = s.astype(dt)
+    t *= s
+    return t if t.dtype == np.float32 else t.astype(np.float32)
+
+
+def power_of_2_scale(scale, rounding: RoundingPolicy = RoundingPolicy.ROUND_UP):
+    """2^round(log2(scale)); ROUND_UP (the default) never shrinks the scale.
+
+    ROUND_UP/ROUND_DOWN are exact (via frexp); other policies round log2.
+    Scalars give a float, arrays a float64 array.
+    """
+    rounding = RoundingPolicy.parse(rounding)
+    s = np.asarray(scale, dtype=np.float64)
+    if not np.all(np.isfinite(s) & (s > 0)):
+        raise QuantizationStateError(f"power-of-2 scale needs finite positive scales, got {scale!r}")
+    m, e = np.frexp(s)  # s = m * 2^e, m in [0.5, 1)
+    exact = m == 0.5
+    if rounding is RoundingPolicy.ROUND_UP:
+        ex = np.where(exact, e - 1, e)
+    elif rounding is RoundingPolicy.ROUND_DOWN:
+        ex = e - 1
+    else:
+        ex = np.where(exact, e - 1, round_values(np.log2(s), rounding))
+    out = np.ldexp(1.0, np.asarray(ex, dtype=np.int64))
+    return float(out) if np.ndim(scale) == 0 else out
+
+
+def minmax_to_scale_offset(min_val, max_val, quant_min: int, quant_max: int, symmetric: bool,
+                           power_of_2: bool = False,
+                           rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN,
+                           eps: float = 2.0 ** -32):
+    """Scale and offset that map [min_val, max_val] (widened to hold 0) onto [qmin, qmax].
+
+    * asymmetric: S = (max - min) / (qmax - qmin), Z = round(qmin - min / S)
+      (under ``rounding``) clamped into [qmin, qmax].
+    * symmetric: T = max(|min|, |max|), S = T / ((qmax - qmin) / 2); that is
+      T/127 for narrow [-127, 127], T/127.5 for [-128, 127] (as onnxruntime; +T
+      then clamps to 127), T/127.5 for unsigned [0, 255].  Z = 0 for a signed
+      range (qmin < 0), Z = (qmin + qmax + 1) // 2 (128 for [0, 255]) otherwise.
+    * power_of_2: S becomes 2^ceil(log2 S), so the range stays covered.
+    * S is at least ``eps`` (a zero range never gives 0 or NaN), then rounded
+      to float32 (what exported models store); Z is computed from that S.
+
+    Elementwise for per-channel arrays.  Scalars in: ``(float, int)``;
+    arrays in: ``(float32 array, int64 array)``.
+    """
+    qmin, qmax = _check_range(quant_min, quant_max)
+    rounding = RoundingPolicy.parse(rounding)
+    scalar = np.ndim(min_val) == 0 and np.ndim(max_val) == 0
+    lo = np.asarray(min_val, dtype=np.float64)
+    hi = np.asarray(max_val, dtype=np.float64)
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+        raise CalibrationDataError(f"min/max must be finite, got min={min_val!r} max={max_val!r}")
+    if np.any(lo > hi):
+        raise CalibrationDataError(f"min {min_val!r} is above max {max_val!r}")
+    lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+    if symmetric:
+        scale = np.maximum(-lo, hi) / ((qmax - qmin) / 2.0)
+    else:
+        scale = (hi - lo) / float(qmax - qmin)
+    scale = np.maximum(scale, float(eps))
+    if power_of_2:
+        scale = np.asarray(power_of_2_scale(scale, RoundingPolicy.ROUND_UP))
+    with np.errstate(over="ignore"):
+        scale = scale.astype(np.float32)
+    if not np.all(np.isfinite(scale)):
+        raise CalibrationDataError(f"range min={min_val!r} max={max_val!r} is too wide for a float32 scale")
+    if symmetric:
+        offset = np.full(scale.shape, 0 if qmin < 0 else (qmin + qmax + 1) // 2, dtype=np.int64)
+    else:
+        z = round_values(np.asarray(qmin - lo / scale.astype(np.float64)), rounding)
+        offset = np.clip(z, qmin, qmax).astype(np.int64)
+    if scalar:
+        return float(scale), int(offset)
+    return scale, offset
+
+
+def scale_to_multiplier_shift(scale, multiplier_bits: int = 32):
+    """M ~= M0 / 2^rshift with M0 in [2^(bits-2), 2^(bits-1)) (signed, normalised).
+
+    M0 = rint(m * 2^(bits-1)) where scale = m * 2^e, m in [0.5, 1), and
+    rshift = bits - 1 - e; relative error <= 2^-(bits-1).  Example:
+    0.1234 with 32 bits -> (2119995857, 34).
+
+    * scale 0 -> (0, 0).
+    * scale >= 2^(bits-1) would need a left shift: QuantizationStateError.
+    * rshift is capped at 62 (int64 requantize): for scales that tiny M0 is
+      rint(scale * 2^62), no longer normalised (and (0, 0) if that is 0).
+
+    Scalars in: Python ints out; arrays in: int64 arrays out.
+    """
+    bits = int(multiplier_bits)
+    if not 2 <= bits <= 32:
+        raise QuantizationStateError(f"multiplier_bits must be in [2, 32], got {multiplier_bits}")
+    s = np.asarray(scale, dtype=np.float64)
+    if not np.all(np.isfinite(s) & (s >= 0)):
+        raise QuantizationStateError(f"multiplier scale must be finite and >= 0, got {scale!r}")
+    m, e = np.frexp(s)
+    m0 = np.rint(np.ldexp(m, bits - 1))
+    carry = m0 == 2.0 ** (bits - 1)  # m rounded up to 1.0: renormalise
+    m0 = np.where(carry, m0 / 2, m0)
+    rshift = (bits - 1) - (e.astype(np.int64) + carry)
+    if np.any((rshift < 0) & (s > 0)):
+        raise QuantizationStateError(
+            f"scale {scale!r} >= 2^{bits - 1} cannot be a {bits}-bit multiplier with a right shift")
+    tiny = rshift > _MAX_RSHIFT
+    if np.any(tiny):
+        m0 = np.where(tiny, np.rint(np.ldexp(s, _MAX_RSHIFT)), m0)
+        rshift = np.where(tiny, _MAX_RSHIFT, rshift)
+    zero = m0 == 0
+    m0 = np.where(zero, 0, m0).astype(np.int64)
+    rshift = np.where(zero, 0, rshift).astype(np.int64)
+    if np.ndim(scale) == 0:
+        return int(m0), int(rshift)
+    return m0, rshift
+
+
+def rounding_right_shift(value, shift, rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN):
+    """round(value / 2^shift) under ``rounding`` in exact int64 arithmetic (0 <= shift <= 62)."""
+    rounding = RoundingPolicy.parse(rounding)
+    p = np.asarray(value, dtype=np.int64)
+    s = np.asarray(shift, dtype=np.int64)
+    if np.any((s < 0) | (s > _MAX_RSHIFT)):
+        raise QuantizationStateError(f"right shift must be in [0, {_MAX_RSHIFT}], got {shift!r}")
+    q = p >> s                      # floor(p / 2^s)
+    rem = p - (q << s)              # in [0, 2^s)
+    half = (np.int64(1) << s) >> 1  # 2^(s-1), 0 when s == 0
+    P = RoundingPolicy
+    if rounding is P.ROUND_DOWN:
+        return q
+    if rounding is P.ROUND_UP:
+        return q + (rem > 0)
+    if rounding is P.ROUND_TO_ZERO:
+        return q + ((rem > 0) & (q < 0))
+    above = rem > half
+    tie = (rem == half) & (rem != 0)
+    if rounding is P.ROUND_HALF_UP:
+        up = above | tie
+    elif rounding is P.ROUND_HALF_DOWN:
+        up = above
+    elif rounding is P.ROUND_HALF_EVEN:
+        up = above | (tie & ((q & 1) == 1))
+    elif rounding is P.ROUND_HALF_AWAY_FROM_ZERO:
+        up = above | (tie & (q >= 0))
+    else:  # ROUND_HALF_TOWARDS_ZERO
+        up = above | (tie & (q < 0))
+    return q + up
+
+
+def requantize(acc, multiplier, right_shift, offset, quant_min: int, quant_max: int,
+               rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN, channel_axis: int | None = None):
+    """y = clamp(round((acc * M0) / 2^rshift) + Z, qmin, qmax) in int64, no floats.
+
+    ``multiplier``/``right_shift``/``offset`` are scalars or 1-D per-channel
+    arrays along ``channel_axis``.  |acc| * |M0| must stay below 2^63.
+    Returns int32 (int64 if the range needs it).
+    """
+    qmin, qmax = _check_range(quant_min, quant_max)
+    acc = np.asarray(acc)
+    if not np.issubdtype(acc.dtype, np.integer):
+        raise QuantizationStateError(f"requantize needs an integer accumulator, got {acc.dtype}")
+    acc = acc.astype(np.int64)
+    shape = acc.shape
+    m = _broadcast_shape(np.asarray(multiplier, dtype=np.int64), acc.ndim, shape, channel_axis, "multiplier")
+    s = _broadcast_shape(np.asarray(right_shift, dtype=np.int64), acc.ndim, shape, channel_axis, "right_shift")
+    if acc.size and m.size:
+        bound = int(np.max(np.abs(acc))) * int(np.max(np.abs(m)))
+        if bound >= 1 << 63:
+            raise QuantizationStateError(f"requantize overflow: |acc| * |multiplier| reaches {bound} >= 2^63")
+    y = rounding_right_shift(acc * m, s, rounding)
+    z = _offset_array(offset, np.int64, acc.ndim, shape, channel_axis)
+    if z is not None:
+        y = y + z
+    np.clip(y, qmin, qmax, out=y)
+    return y.astype(integer_dtype(qmin, qmax))
