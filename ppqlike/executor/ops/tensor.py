@@ -1,3 +1,270 @@
-"""Kernels of the tensor op family."""
+"""Kernels of the tensor (layout) family: Reshape, Transpose, Slice, Pad, Shape, ...
 
-KERNELS: dict = {}
+Layout kernels return numpy views wherever numpy allows; kernels never write
+into their inputs, so a view of a parameter is safe.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import attribute, normalize_axis, unsupported
+
+
+def optional(inputs, index):
+    """Input ``index``, or None when it is omitted (trailing omitted inputs are dropped)."""
+    return inputs[index] if index < len(inputs) else None
+
+
+def ints(array) -> list:
+    """A 1-D integer array (or scalar) as a list of Python ints."""
+    return [int(v) for v in np.asarray(array).reshape(-1)]
+
+
+def _axis_slice(rank: int, axis: int, index) -> tuple:
+    return (slice(None),) * axis + (index,) + (slice(None),) * (rank - axis - 1)
+
+
+# ---------------------------------------------------------------- reshaping --
+def _reshape(op, opset):
+    allowzero = int(attribute(op, "allowzero", 0))
+
+    def kernel(inputs):
+        data = inputs[0]
+        shape = ints(inputs[1])
+        if not allowzero:
+            shape = [data.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+        return [data.reshape(shape)]
+    return kernel
+
+
+def _flatten(op, opset):
+    axis = int(attribute(op, "axis", 1))
+
+    def kernel(inputs):
+        data = inputs[0]
+        a = normalize_axis(axis, data.ndim)
+        outer = int(np.prod(data.shape[:a], dtype=np.int64))
+        inner = int(np.prod(data.shape[a:], dtype=np.int64))
+        return [data.reshape(outer, inner)]
+    return kernel
+
+
+def _transpose(op, opset):
+    perm = attribute(op, "perm", None)
+    perm = None if perm is None else [int(p) for p in perm]
+    return lambda inputs: [np.transpose(inputs[0], perm)]
+
+
+def _axes(op, opset, inputs, index=1):
+    """Axes from the attribute (opset < 13) or the optional input (13+); None when absent."""
+    if opset < 13:
+        axes = attribute(op, "axes", None)
+    else:
+        axes = optional(inputs, index)
+    return None if axes is None else ints(axes)
+
+
+def _squeeze(op, opset):
+    def kernel(inputs):
+        data = inputs[0]
+        axes = _axes(op, opset, inputs)
+        if axes is None:
+            axes = [i for i, d in enumerate(data.shape) if d == 1]
+        return [np.squeeze(data, tuple(normalize_axis(a, data.ndim) for a in axes))]
+    return kernel
+
+
+def _unsqueeze(op, opset):
+    def kernel(inputs):
+        data, axes = inputs[0], _axes(op, opset, inputs)
+        rank = data.ndim + len(axes)
+        return [np.expand_dims(data, tuple(normalize_axis(a, rank) for a in axes))]
+    return kernel
+
+
+# ----------------------------------------------------------- joining/splitting --
+def _concat(op, opset):
+    axis = int(attribute(op, "axis"))
+
+    def kernel(inputs):
+        arrays = [a for a in inputs if a is not None]
+        return [np.concatenate(arrays, axis=normalize_axis(axis, arrays[0].ndim))]
+    return kernel
+
+
+def _split(op, opset):
+    axis = int(attribute(op, "axis", 0))
+    count = len(op.outputs)
+    static = attribute(op, "split", None) if opset < 13 else None
+    parts = int(attribute(op, "num_outputs", count)) if opset >= 18 else count
+
+    def kernel(inputs):
+        data = inputs[0]
+        a = normalize_axis(axis, data.ndim)
+        dim = data.shape[a]
+        sizes = static if opset < 13 else optional(inputs, 1)
+        if sizes is not None and np.size(sizes):
+            sizes = ints(sizes)
+        else:
+            chunk = -(-dim // parts)
+            sizes = [chunk] * (parts - 1) + [dim - chunk * (parts - 1)]
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        return [data[_axis_slice(data.ndim, a, slice(bounds[i], bounds[i + 1]))]
+                for i in range(len(sizes))]
+    return kernel
+
+
+def _slice(op, opset):
+    def kernel(inputs):
+        data = inputs[0]
+        starts, ends = ints(inputs[1]), ints(inputs[2])
+        axes = optional(inputs, 3)
+        axes = list(range(len(starts))) if axes is None else ints(axes)
+        steps = optional(inputs, 4)
+        steps = [1] * len(starts) if steps is None else ints(steps)
+        index = [slice(None)] * data.ndim
+        for start, end, axis, step in zip(starts, ends, axes, steps):
+            axis = normalize_axis(axis, data.ndim)
+            dim = data.shape[axis]
+            if step == 0:
+                raise unsupported(op, "a step of 0")
+            start = start + dim if start < 0 else start
+            end = end + dim if end < 0 else end
+            if step > 0:
+                start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+            else:
+                start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+                if dim == 0:
+                    start, end = 0, 0
+                elif end < 0:
+                    end = None
+            index[axis] = slice(start, end, step)
+        return [data[tuple(index)]]
+    return kernel
+
+
+def _expand(op, opset):
+    def kernel(inputs):
+        data = inputs[0]
+        shape = np.broadcast_shapes(data.shape, tuple(ints(inputs[1])))
+        return [np.broadcast_to(data, shape)]
+    return kernel
+
+
+def _tile(op, opset):
+    return lambda inputs: [np.tile(inputs[0], ints(inputs[1]))]
+
+
+# ---------------------------------------------------------------------- Pad --
+def _pad(op, opset):
+    mode = attribute(op, "mode", "constant")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode not in ("constant", "reflect", "edge", "wrap") or (mode == "wrap" and opset < 19):
+        raise unsupported(op, f"mode {mode!r} at opset {opset}")
+
+    def kernel(inputs):
+        data = inputs[0]
+        rank = data.ndim
+        pads = ints(inputs[1])
+        value = optional(inputs, 2)
+        axes = optional(inputs, 3)
+        axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in ints(axes)]
+        n = len(axes)
+        widths = [[0, 0] for _ in range(rank)]
+        for i, axis in enumerate(axes):
+            widths[axis] = [pads[i], pads[i + n]]
+        if any(b < 0 or e < 0 for b, e in widths):  # negative pads crop first
+            data = data[tuple(slice(-min(b, 0), d + min(e, 0))
+                              for (b, e), d in zip(widths, data.shape))]
+            widths = [[max(b, 0), max(e, 0)] for b, e in widths]
+        if not any(b or e for b, e in widths):
+            return [data]
+        if mode == "constant":
+            fill = 0 if value is None or np.size(value) == 0 else np.asarray(value).reshape(-1)[0]
+            return [np.pad(data, widths, mode="constant", constant_values=fill)]
+        return [np.pad(data, widths, mode=mode)]
+    return kernel
+
+
+# ----------------------------------------------------------- shape queries --
+def _shape(op, opset):
+    start = int(attribute(op, "start", 0)) if opset >= 15 else 0
+    end = attribute(op, "end", None) if opset >= 15 else None
+    end = None if end is None else int(end)
+    return lambda inputs: [np.array(inputs[0].shape, dtype=np.int64)[start:end]]
+
+
+def _size(op, opset):
+    return lambda inputs: [np.array(inputs[0].size, dtype=np.int64)]
+
+
+def _identity(op, opset):
+    return lambda inputs: [inputs[0]]
+
+
+def _dropout(op, opset):
+    with_mask = len(op.outputs) > 1
+    keep = opset >= 12  # onnxruntime's opset 10-11 Dropout writes an all-False mask
+
+    def kernel(inputs):
+        data = inputs[0]
+        training = optional(inputs, 2)
+        if training is not None and bool(np.asarray(training).reshape(-1)[0]):
+            raise unsupported(op, "training_mode=True (the executor runs inference only)")
+        if with_mask:
+            return [data, np.full(data.shape, keep, dtype=bool)]
+        return [data]
+    return kernel
+
+
+# ------------------------------------------------------ depth <-> space --
+def _depth_to_space(op, opset):
+    block = int(attribute(op, "blocksize"))
+    mode = attribute(op, "mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise unsupported(op, f"mode {mode!r}")
+
+    def kernel(inputs):
+        x = inputs[0]
+        b, c, h, w = x.shape
+        depth = c // (block * block)
+        if mode == "DCR":
+            y = x.reshape(b, block, block, depth, h, w).transpose(0, 3, 4, 1, 5, 2)
+        else:
+            y = x.reshape(b, depth, block, block, h, w).transpose(0, 1, 4, 2, 5, 3)
+        return [y.reshape(b, depth, h * block, w * block)]
+    return kernel
+
+
+def _space_to_depth(op, opset):
+    block = int(attribute(op, "blocksize"))
+
+    def kernel(inputs):
+        x = inputs[0]
+        b, c, h, w = x.shape
+        y = x.reshape(b, c, h // block, block, w // block, block).transpose(0, 3, 5, 1, 2, 4)
+        return [y.reshape(b, c * block * block, h // block, w // block)]
+    return kernel
+
+
+KERNELS: dict = {
+    "Reshape": _reshape,
+    "Flatten": _flatten,
+    "Transpose": _transpose,
+    "Squeeze": _squeeze,
+    "Unsqueeze": _unsqueeze,
+    "Concat": _concat,
+    "Split": _split,
+    "Slice": _slice,
+    "Expand": _expand,
+    "Tile": _tile,
+    "Pad": _pad,
+    "Shape": _shape,
+    "Size": _size,
+    "Identity": _identity,
+    "Dropout": _dropout,
+    "DepthToSpace": _depth_to_space,
+    "SpaceToDepth": _space_to_depth,
+}
