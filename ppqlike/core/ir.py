@@ -233,8 +233,10 @@ class Graph:
         self.replace_variable(target, source)
         for variable in outputs:
             del self.variables[variable.name]
-        if target_is_output:  # source took the place of target: keep the interface name
+        if target_is_output:  # source took the place of target: keep the interface name and type
             self.rename_variable(source, target.name)
+            source.shape = target.shape if source.shape is None else source.shape
+            source.dtype = target.dtype if source.dtype is None else source.dtype
         return True
 
     # ----------------------------------------------------------- editing --

@@ -20,6 +20,7 @@ import numpy as np
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from .ops import Kernel, build_kernel
+from .simulation import apply_config
 
 
 class OperationHook:
@@ -221,15 +222,34 @@ class NumpyExecutor:
                 values.pop(name, None)
         outputs = []
         for name in names:
-            value = values[name] if name in values else variables[name].value
-            outputs.append(np.asarray(value))
+            value = np.asarray(values[name] if name in values else variables[name].value)
+            if not value.flags.writeable or value.base is not None:
+                value = value.copy()  # never hand out a view of a parameter or a read-only broadcast
+            outputs.append(value)
         return outputs
 
     __call__ = forward
 
     # ---------------------------------------------------- quant simulation --
-    def _quantize_inputs(self, operation: Operation, arguments: list) -> list:
-        return arguments
+    @staticmethod
+    def _quantize_inputs(operation: Operation, arguments: list) -> list:
+        config = operation.config
+        if config is None:
+            return arguments
+        return [apply_config(tqc, value) for tqc, value in
+                zip(config.input_quantization_config, arguments)] + arguments[len(config.input_quantization_config):]
 
-    def _quantize_outputs(self, operation: Operation, results: list) -> list:
-        return results
+    @staticmethod
+    def _quantize_outputs(operation: Operation, results: list) -> list:
+        config = operation.config
+        if config is None:
+            return results
+        return [apply_config(tqc, value) for tqc, value in
+                zip(config.output_quantization_config, results)] + list(results[len(config.output_quantization_config):])
+
+    def run_operation(self, operation: Operation, inputs: list, quantized: bool = True) -> list:
+        """Run one op on given input arrays (through its configs when ``quantized``)."""
+        kernel = self._kernel(operation)
+        if quantized:
+            return self._quantize_outputs(operation, kernel(self._quantize_inputs(operation, list(inputs))))
+        return list(kernel(list(inputs)))

@@ -1,6 +1,13 @@
-"""Layer 2: ONNX import and export, and graph formatting."""
+"""Layer 2: ONNX import and export, graph formatting, static shapes and image preprocessing."""
 
-from .onnx_export import atomic_write_bytes, export_onnx_model, save_onnx_graph
+from .format import (FormatReport, fold_batchnorm, fold_bias_add, fold_constants, format_graph,
+                     remove_dead_code, remove_identity)
+from .images import load_image, load_image_folder
+from .onnx_export import atomic_write_bytes, export_onnx_model, operation_to_node, save_onnx_graph
 from .onnx_import import load_onnx_graph, read_model
+from .shapes import infer_shapes, set_input_shapes
 
-__all__ = ["load_onnx_graph", "read_model", "export_onnx_model", "save_onnx_graph", "atomic_write_bytes"]
+__all__ = ["load_onnx_graph", "read_model", "export_onnx_model", "save_onnx_graph", "atomic_write_bytes",
+           "operation_to_node", "FormatReport", "format_graph", "fold_constants", "fold_batchnorm",
+           "fold_bias_add", "remove_identity", "remove_dead_code", "infer_shapes", "set_input_shapes",
+           "load_image", "load_image_folder"]

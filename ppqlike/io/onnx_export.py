@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..core.errors import ExportError
-from ..core.ir import Graph, Variable
+from ..core.ir import Graph, Operation, Variable
 
 #: onnxruntime 1.31 reads IR versions up to 13; onnx 1.23 writes 14 by default.
 MAX_IR_VERSION = 10
@@ -30,12 +30,26 @@ def _value_info(variable: Variable) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(variable.name, elem, shape)
 
 
-def _attribute_value(value: Any) -> Any:
+def _attribute(name: str, value: Any) -> onnx.AttributeProto:
+    """An AttributeProto from the Python value the importer made (ndarray for tensors)."""
     if isinstance(value, np.ndarray):
-        return numpy_helper.from_array(value)
+        return helper.make_attribute(name, numpy_helper.from_array(value))
     if isinstance(value, np.generic):
-        return value.item()
-    return value
+        value = value.item()
+    if isinstance(value, (list, tuple)):
+        value = [v.item() if isinstance(v, np.generic) else v for v in value]
+        if not value:  # the type of an empty list is lost on import: INTS is by far the most common
+            return helper.make_attribute(name, [], attr_type=onnx.AttributeProto.INTS)
+    return helper.make_attribute(name, value)
+
+
+def operation_to_node(operation: Operation) -> onnx.NodeProto:
+    """The NodeProto of one operation (omitted optional inputs become empty names)."""
+    node = helper.make_node(operation.type, ["" if v is None else v.name for v in operation.inputs],
+                            [v.name for v in operation.outputs], name=operation.name,
+                            domain=operation.domain or None)
+    node.attribute.extend(_attribute(k, v) for k, v in operation.attributes.items())
+    return node
 
 
 def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict | None = None,
@@ -53,11 +67,7 @@ def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict
                     and variable.name not in interface:
                 initializers.append(numpy_helper.from_array(np.asarray(variable.value), variable.name))
                 written.add(variable.name)
-        attributes = {k: _attribute_value(v) for k, v in operation.attributes.items()}
-        nodes.append(helper.make_node(
-            operation.type, ["" if v is None else v.name for v in operation.inputs],
-            [v.name for v in operation.outputs], name=operation.name, domain=operation.domain or None,
-            **attributes))
+        nodes.append(operation_to_node(operation))
     for variable in graph.outputs:  # a graph output that is a constant
         if variable.is_parameter and variable.name not in written:
             initializers.append(numpy_helper.from_array(np.asarray(variable.value), variable.name))
@@ -79,9 +89,10 @@ def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict
             imports[operation.domain] = 1
     model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid(d, v) for d, v in imports.items()],
                               producer_name="ppqlike")
-    model.ir_version = min(int(graph.metadata.get("ir_version") or MAX_IR_VERSION), MAX_IR_VERSION)
-    if opset and opset > graph.opset or model.ir_version < 7:
-        model.ir_version = MAX_IR_VERSION
+    # Keep the source's IR version where it can express the opsets, else the lowest that can.
+    needed = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    source_ir = int(graph.metadata.get("ir_version") or MAX_IR_VERSION)
+    model.ir_version = min(max(source_ir, needed, 7), MAX_IR_VERSION)
     for key, value in graph.metadata.get("metadata_props", {}).items():
         helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, key: value})
     return model
@@ -117,6 +128,10 @@ def save_onnx_graph(graph: Graph, path: str | os.PathLike, opset: int | None = N
                     protect: tuple = ()) -> onnx.ModelProto:
     """Export ``graph`` and write it to ``path`` atomically; returns the ModelProto."""
     model = export_onnx_model(graph, opset=opset)
-    data = model.SerializeToString()
+    try:
+        data = model.SerializeToString()
+    except ValueError as error:  # protobuf refuses messages over 2 GB
+        raise ExportError(f"cannot write {os.fspath(path)!r}: the model does not fit in one protobuf "
+                          f"file ({error}); models over 2 GB need external data") from None
     atomic_write_bytes(path, data, protect=protect)
     return model

@@ -1,6 +1,6 @@
 """ONNX → Graph.
 
-Reads a model (a path or a ModelProto) of opsets 11-21 in the default domain:
+Reads a model (a path, bytes or a ModelProto) of opsets 11-21 in the default domain:
 initializers and Constant nodes become parameters, external data is loaded
 from beside the file, dynamic dimensions are kept as names (or None), a weight
 shared by several ops stays one variable, and a graph input that is also an
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import networkx as nx
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -29,7 +30,14 @@ def _describe(source: Any) -> str:
 
 
 def read_model(source: Any) -> onnx.ModelProto:
-    """Load and check a ModelProto from a path, bytes or a ModelProto."""
+    """Load and check a ModelProto from a path, bytes or a ModelProto (ModelLoadError, GraphError).
+
+    Checks, in order: the bytes parse, external data is readable, the
+    default-domain opset is one ppqlike reads (11-21), every node
+    of the default domain is a known ONNX operator, every node input is
+    produced, the nodes form no cycle, then ``onnx.checker``.  Nodes out of
+    topological order (but acyclic) are reordered on a copy.  Never writes.
+    """
     if isinstance(source, onnx.ModelProto):
         model = source
         where = "the given model"
@@ -39,27 +47,124 @@ def read_model(source: Any) -> onnx.ModelProto:
     elif isinstance(source, (str, os.PathLike)):
         where = _describe(source)
         path = os.fspath(source)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise ModelLoadError(f"{where}: no such file")
-        with open(path, "rb") as handle:
-            data = handle.read()
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"{where} is not a file (a folder?); pass the path of an .onnx file")
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError as error:
+            raise ModelLoadError(f"{where} cannot be read: {error.strerror}") from None
         model = _parse(data, where)
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(model)):
             try:
                 onnx.external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
-            except (OSError, ValueError) as error:
+            except Exception as error:  # OSError, ValueError, onnx's own checks on the location
                 raise ModelLoadError(f"{where}: its external weight data could not be read ({error}); "
-                                     "keep the data files beside the model") from error
+                                     "keep the data files beside the model") from None
     else:
         raise ModelLoadError(f"cannot load a model from a {type(source).__name__}; pass a path or an onnx.ModelProto")
-    if len(model.graph.node) == 0 and len(model.graph.output) == 0:
+    if not model.HasField("graph") or (len(model.graph.node) == 0 and len(model.graph.output) == 0):
         raise ModelLoadError(f"{where}: the file parsed but holds no graph; is it an ONNX model?")
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(model)):
+        raise ModelLoadError(f"{where} refers to external weight data that was not loaded; "
+                             "pass the model's path instead of a ModelProto")
+    _default_opset(model, where)
+    model = _check_structure(model, where)
     try:
         onnx.checker.check_model(model, full_check=False)
-    except onnx.checker.ValidationError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else "unknown reason"
-        raise ModelLoadError(f"{where} fails onnx.checker: {first}") from None
+    except Exception as error:  # ValidationError, or ValueError for oversized protos
+        message = " ".join(str(error).split()) or type(error).__name__
+        raise ModelLoadError(f"{where} fails onnx.checker: {message[:400]}") from None
     return model
+
+
+def _default_opset(model: onnx.ModelProto, where: str) -> int:
+    """The model's default-domain opset; a ModelLoadError when missing or outside 11-21."""
+    opset = None
+    for entry in model.opset_import:
+        if entry.domain in DEFAULT_DOMAINS:
+            opset = entry.version
+    if opset is None:
+        raise ModelLoadError(f"{where} imports no default-domain opset")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ModelLoadError(f"{where} uses opset {opset}; ppqlike reads opsets {MIN_OPSET}-{MAX_OPSET}. "
+                             "Convert it with onnx.version_converter first")
+    return opset
+
+
+def _node_label(node: onnx.NodeProto, index: int) -> str:
+    return f"{node.op_type} node {node.name!r}" if node.name else f"{node.op_type} node #{index} (unnamed)"
+
+
+def _check_structure(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """Our own checks, with messages naming the node; returns the model, sorted if it was not."""
+    graph = model.graph
+    imports = {("" if e.domain == "ai.onnx" else e.domain): e.version for e in model.opset_import}
+    for index, node in enumerate(graph.node):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain == "" and "" in imports:
+            try:
+                onnx.defs.get_schema(node.op_type, imports[""], "")
+            except onnx.defs.SchemaError:
+                raise ModelLoadError(
+                    f"{where}: {_node_label(node, index)} has op type {node.op_type!r}, which is not an "
+                    f"ONNX operator of the default domain at opset {imports['']}") from None
+    available = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    producer: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        for name in node.output:
+            if not name:
+                continue
+            if name in producer or name in available:
+                raise GraphError(f"{where}: tensor {name!r} is written twice (by "
+                                 f"{_node_label(node, index)} and by another node, input or initializer)")
+            producer[name] = index
+    dag = nx.DiGraph()
+    dag.add_nodes_from(range(len(graph.node)))
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            if not name or name in available:
+                continue
+            if name not in producer:
+                raise GraphError(f"{where}: input {name!r} of {_node_label(node, index)} is not produced "
+                                 "by any node, nor a graph input or initializer")
+            dag.add_edge(producer[name], index)
+    for output in graph.output:
+        if output.name not in producer and output.name not in available:
+            raise GraphError(f"{where}: graph output {output.name!r} is not produced by any node")
+    try:
+        order = list(nx.lexicographical_topological_sort(dag))
+    except nx.NetworkXUnfeasible:
+        cycle = [_node_label(graph.node[u], u) for u, _ in nx.find_cycle(dag)]
+        raise GraphError(f"{where}: the nodes form a cycle: {' -> '.join(cycle)}") from None
+    if order != list(range(len(graph.node))):
+        model = _copy_with_nodes(model, [graph.node[i] for i in order])
+    return model
+
+
+def _copy_with_nodes(model: onnx.ModelProto, nodes: list) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph has ``nodes`` in that order."""
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    del result.graph.node[:]
+    result.graph.node.extend(nodes)
+    return result
+
+
+def _looks_like(data: bytes) -> str:
+    """A hint at what a file that is not ONNX is."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "; it looks like a JPEG image"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "; it looks like a PNG image"
+    if data[:2] == b"PK":
+        return "; it looks like a zip archive"
+    head = data[:512]
+    if head and all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+        return "; it looks like a text file"
+    return ""
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -67,7 +172,9 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except Exception as error:  # protobuf raises DecodeError and others
-        raise ModelLoadError(f"{where} is not an ONNX model, or the file is truncated ({type(error).__name__})") from None
+        raise ModelLoadError(f"{where} is not an ONNX model, or the file is truncated "
+                             f"(protobuf {type(error).__name__} after reading {len(data)} bytes"
+                             f"{_looks_like(data)})") from None
     return model
 
 
@@ -100,28 +207,46 @@ def _elem_dtype(type_proto: onnx.TypeProto):
     return None if elem == 0 else helper.tensor_dtype_to_np_dtype(elem)
 
 
-def _constant_value(node: onnx.NodeProto, where: str) -> np.ndarray:
-    attribute = node.attribute[0] if len(node.attribute) == 1 else None
-    if attribute is None:
-        raise ModelLoadError(f"{where}: Constant node {node.name!r} must have exactly one attribute")
-    if attribute.name == "value":
-        return numpy_helper.to_array(attribute.t)
-    scalars = {"value_float": np.float32, "value_int": np.int64}
-    lists = {"value_floats": np.float32, "value_ints": np.int64}
+def _sparse_to_dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
+    """A dense array from a SparseTensorProto (linear or coordinate indices)."""
+    values = numpy_helper.to_array(sparse.values)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dims = tuple(int(d) for d in sparse.dims)
+    dense = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=values.dtype)
+    if indices.ndim == 2:  # [NNZ, rank] coordinates
+        indices = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices.reshape(-1)
+    dense[indices] = values
+    return dense.reshape(dims)
+
+
+def _constant_value(node: onnx.NodeProto, label: str, where: str) -> np.ndarray:
+    """The value of a Constant node, whichever of its attribute forms it uses."""
+    if len(node.attribute) != 1:
+        raise ModelLoadError(f"{where}: {label} must have exactly one attribute, it has "
+                             f"{[a.name for a in node.attribute]}")
+    attribute = node.attribute[0]
     value = helper.get_attribute_value(attribute)
-    if attribute.name in scalars:
-        return np.array(value, dtype=scalars[attribute.name])
-    if attribute.name in lists:
-        return np.array(list(value), dtype=lists[attribute.name])
-    raise ModelLoadError(f"{where}: Constant node {node.name!r} uses attribute {attribute.name!r}, "
-                         "which ppqlike does not read (sparse or string constants)")
+    if attribute.name == "value":
+        return numpy_helper.to_array(value)
+    if attribute.name == "sparse_value":
+        return _sparse_to_dense(value)
+    forms = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+             "value_ints": np.int64}
+    if attribute.name in forms:
+        return np.array(list(value) if isinstance(value, (list, tuple)) else value, dtype=forms[attribute.name])
+    if attribute.name == "value_string":
+        return np.array(value.decode("utf-8"), dtype=object)
+    if attribute.name == "value_strings":
+        return np.array([v.decode("utf-8") for v in value], dtype=object)
+    raise ModelLoadError(f"{where}: {label} has attribute {attribute.name!r}, which is not an ONNX Constant form")
 
 
-def _attributes(node: onnx.NodeProto, where: str) -> dict:
+def _attributes(node: onnx.NodeProto, label: str, where: str) -> dict:
+    """The node's attributes as Python values (numpy arrays for tensors)."""
     attributes = {}
     for attribute in node.attribute:
         if attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            raise ModelLoadError(f"{where}: node {node.name!r} ({node.op_type}) has a subgraph; "
+            raise ModelLoadError(f"{where}: {label} has a subgraph; "
                                  "control flow (If/Loop/Scan) is not supported")
         value = helper.get_attribute_value(attribute)
         if attribute.type == onnx.AttributeProto.TENSOR:
@@ -136,24 +261,38 @@ def _attributes(node: onnx.NodeProto, where: str) -> dict:
     return attributes
 
 
+def _operation_names(nodes) -> list[str]:
+    """Unique operation names: the node's own where it has a unique one, a generated one otherwise."""
+    explicit = [node.name for node in nodes]
+    counts: dict[str, int] = {}
+    for name in explicit:
+        counts[name] = counts.get(name, 0) + 1
+    taken = {name for name in explicit if name and counts[name] == 1}
+    names = []
+    for index, node in enumerate(nodes):
+        name = node.name
+        if not name or counts[name] > 1:
+            base = node.name or node.op_type
+            name, suffix = f"{base}_{index}", index
+            while name in taken:
+                suffix += 1
+                name = f"{base}_{index}_{suffix}"
+        taken.add(name)
+        names.append(name)
+    return names
+
+
 def load_onnx_graph(source: Any) -> Graph:
     """Read an ONNX model (path, bytes or ModelProto) into a :class:`Graph`.
 
-    Raises ModelLoadError for unreadable or invalid models and GraphError for
-    structural faults (an input nothing produces, a cycle).  Unknown op types
-    are not rejected here: the executor rejects them when it plans.
+    Raises ModelLoadError for unreadable or invalid models (including op
+    types the default ONNX domain does not define) and GraphError for
+    structural faults (an input nothing produces, a cycle).  Ops of other
+    domains load; the executor rejects them when it plans.
     """
     model = read_model(source)
     where = _describe(source)
-    opset = None
-    for entry in model.opset_import:
-        if entry.domain in DEFAULT_DOMAINS:
-            opset = entry.version
-    if opset is None:
-        raise ModelLoadError(f"{where} imports no default-domain opset")
-    if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ModelLoadError(f"{where} uses opset {opset}; ppqlike reads opsets {MIN_OPSET}-{MAX_OPSET}. "
-                             "Convert it with onnx.version_converter first")
+    opset = _default_opset(model, where)
     onnx_graph = model.graph
     graph = Graph(name=onnx_graph.name or "graph", opset=opset)
     graph.metadata.update(ir_version=model.ir_version, producer_name=model.producer_name,
@@ -180,30 +319,22 @@ def load_onnx_graph(source: Any) -> Graph:
                                   dtype=None if info is None else _elem_dtype(info.type))
         return graph.variables[name]
 
-    produced = {v.name for v in graph.variables.values()}
-    for node in onnx_graph.node:
-        produced.update(o for o in node.output if o)
-    used_names: set[str] = set()
-    for index, node in enumerate(onnx_graph.node):
-        name = node.name or f"{node.op_type}_{index}"
-        if name in used_names:
-            name = f"{name}_{index}"
-        used_names.add(name)
-        for input_name in node.input:
-            if input_name and input_name not in produced:
-                raise GraphError(f"{where}: input {input_name!r} of {node.op_type} node {name!r} is not "
-                                 "produced by any node, nor a graph input or initializer")
+    for node, name in zip(onnx_graph.node, _operation_names(onnx_graph.node)):
+        label = f"{node.op_type} node {name!r}"
         if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS:
             output = node.output[0]
             if output in graph.variables:
                 raise GraphError(f"{where}: tensor {output!r} is produced twice")
-            graph.create_variable(output, value=_constant_value(node, where))
+            graph.create_variable(output, value=_constant_value(node, label, where))
             continue
         inputs = [variable_for(n) if n else None for n in node.input]
         while inputs and inputs[-1] is None:
             inputs.pop()
+        output_names = list(node.output)
+        while output_names and not output_names[-1]:
+            output_names.pop()  # trailing optional outputs left out
         outputs = []
-        for output_name in node.output:
+        for output_name in output_names:
             if not output_name:
                 output_name = graph.unique_name(f"{name}_unused_output")
             variable = variable_for(output_name)
@@ -211,7 +342,7 @@ def load_onnx_graph(source: Any) -> Graph:
                 raise GraphError(f"{where}: tensor {output_name!r} is produced twice "
                                  f"(by node {name!r} and another)")
             outputs.append(variable)
-        graph.create_operation(node.op_type, inputs, outputs, attributes=_attributes(node, where),
+        graph.create_operation(node.op_type, inputs, outputs, attributes=_attributes(node, label, where),
                                name=name, domain=node.domain)
     for graph_output in onnx_graph.output:
         if graph_output.name not in graph.variables:

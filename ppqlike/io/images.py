@@ -1,0 +1,109 @@
+"""Image preprocessing for classifiers: files → normalised float32 batches.
+
+Used by real-model tests, benchmarks and the command line to turn JPEG/PNG
+files into model inputs: resize the shorter side (bilinear), centre-crop,
+convert to RGB (or BGR), then ``(x * scale - mean) / std`` per channel, where
+x is the 0..255 pixel value.  Pillow is imported only when an image is read.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from typing import Sequence
+
+import numpy as np
+
+from ..core.errors import CalibrationDataError, PPQLikeError
+
+#: File suffixes :func:`load_image_folder` reads (compared case-insensitively).
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+
+def _pillow():
+    try:
+        from PIL import Image
+    except ImportError:
+        raise PPQLikeError("reading images needs Pillow, which is not installed; "
+                           "run `pip install ppqlike[images]` (or `pip install Pillow`)") from None
+    return Image
+
+
+def _per_channel(value, name: str) -> np.ndarray:
+    array = np.asarray(value, dtype=np.float32).reshape(-1)
+    if array.size not in (1, 3):
+        raise PPQLikeError(f"image {name} must be one number or three (one per channel), got {value!r}")
+    return array
+
+
+def load_image(path: str | os.PathLike, resize_shorter: int | None = 256, crop: int | Sequence[int] | None = 224,
+               mean: float | Sequence[float] = 0.0, std: float | Sequence[float] = 1.0, scale: float = 1.0,
+               bgr: bool = False, layout: str = "NCHW") -> np.ndarray:
+    """Read one image file as a float32 batch of one: [1, 3, H, W] (NCHW) or [1, H, W, 3] (NHWC).
+
+    ``resize_shorter``: the shorter side is resized to this many pixels with
+    bilinear filtering (None: no resize).  ``crop``: centre crop of this size
+    (an int for a square, or (height, width); None: no crop).  Greyscale,
+    palette and RGBA images are converted to RGB; ``bgr`` then reverses the
+    channel order.  ``mean`` and ``std`` are given in the output channel order.
+    """
+    if layout not in ("NCHW", "NHWC"):
+        raise PPQLikeError(f"image layout must be 'NCHW' or 'NHWC', not {layout!r}")
+    mean_array, std_array = _per_channel(mean, "mean"), _per_channel(std, "std")
+    if np.any(std_array == 0):
+        raise PPQLikeError(f"image std must not be zero, got {std!r}")
+    image_module = _pillow()
+    try:
+        with image_module.open(os.fspath(path)) as image:
+            image = image.convert("RGB")
+            if resize_shorter:
+                width, height = image.size
+                if width <= height:
+                    size = (resize_shorter, int(resize_shorter * height / width))
+                else:
+                    size = (int(resize_shorter * width / height), resize_shorter)
+                image = image.resize(size, image_module.BILINEAR)
+            if crop:
+                crop_h, crop_w = (int(crop), int(crop)) if isinstance(crop, numbers.Integral) else map(int, crop)
+                width, height = image.size
+                if crop_h > height or crop_w > width:
+                    raise PPQLikeError(f"image {os.fspath(path)!r} is {width}x{height} after resizing, "
+                                       f"smaller than the {crop_w}x{crop_h} crop")
+                top, left = int(round((height - crop_h) / 2.0)), int(round((width - crop_w) / 2.0))
+                image = image.crop((left, top, left + crop_w, top + crop_h))
+            pixels = np.asarray(image, dtype=np.float32)
+    except PPQLikeError:
+        raise
+    except (OSError, ValueError) as error:  # missing file, not an image, truncated image
+        raise PPQLikeError(f"cannot read image {os.fspath(path)!r}: {error}") from None
+    if bgr:
+        pixels = pixels[..., ::-1]
+    pixels = (pixels * np.float32(scale) - mean_array) / std_array
+    if layout == "NCHW":
+        pixels = pixels.transpose(2, 0, 1)
+    return np.ascontiguousarray(pixels[None], dtype=np.float32)
+
+
+def list_images(folder: str | os.PathLike) -> list[str]:
+    """The image file names in ``folder`` (by suffix), sorted."""
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        raise CalibrationDataError(f"image folder {folder!r} does not exist or is not a folder")
+    return sorted(name for name in os.listdir(folder)
+                  if name.lower().endswith(IMAGE_SUFFIXES) and os.path.isfile(os.path.join(folder, name)))
+
+
+def load_image_folder(folder: str | os.PathLike, limit: int | None = None, **options) -> tuple[np.ndarray, list[str]]:
+    """Read the images of ``folder`` (sorted by name, at most ``limit``) as one batch.
+
+    Returns ``(array [N, ...], file names)``; ``options`` are those of
+    :func:`load_image`.  A folder without images is a CalibrationDataError.
+    """
+    names = list_images(folder)
+    if limit is not None:
+        names = names[:limit]
+    if not names:
+        raise CalibrationDataError(f"image folder {os.fspath(folder)!r} holds no image files "
+                                   f"({', '.join(IMAGE_SUFFIXES)})")
+    batch = [load_image(os.path.join(os.fspath(folder), name), **options) for name in names]
+    return np.concatenate(batch, axis=0), names
