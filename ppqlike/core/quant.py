@@ -71,6 +71,9 @@ class TensorQuantizationConfig(QuantGridBase):
         self._init_grid(name, policy, rounding, num_of_bits, quant_min, quant_max, channel_axis)
         self.observer_algorithm = observer_algorithm
         self.detail: dict = dict(detail or {})
+        #: BAKED / PASSIVE_BAKED parameters: the value quantized once (as float), used instead of the
+        #: FP32 original, which stays untouched in Variable.value (DEQUANTIZED reads that again).
+        self.baked_value: np.ndarray | None = None
         state = QuantizationStates(state)
         if state in _ONE_MASTER or state is S.DEQUANTIZED:
             raise QuantizationStateError(

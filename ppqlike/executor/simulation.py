@@ -1,0 +1,70 @@
+"""Quantization simulation: which configs the executor applies, and the dequantize context.
+
+Per input or output slot of an op with an OperationQuantizationConfig:
+
+* ACTIVATED, SLAVE, PASSIVE: the value is fake-quantized with the config's
+  (possibly master's) scale and offset;
+* BAKED, PASSIVE_BAKED: the config's ``baked_value`` replaces the parameter;
+* FP32, SOI, DEACTIVATED, DEQUANTIZED, OVERLAPPED, INITIAL, PASSIVE_INIT:
+  the value passes through.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from ..core.ir import Graph, Operation, Variable
+from ..core.quant import (QuantizationStates, TensorQuantizationConfig, is_applied, is_baked,
+                          is_dequantizable)
+
+
+def apply_config(config: TensorQuantizationConfig | None, value):
+    """The value an op sees through ``config`` (see the module docstring)."""
+    if config is None or value is None:
+        return value
+    state = config.state
+    if is_applied(state):
+        return config.fake_quantize(value)
+    if is_baked(state) and config.baked_value is not None:
+        return config.baked_value
+    return value
+
+
+def iter_tensor_configs(graph: Graph) -> Iterator[tuple[Operation, str, int, Variable, TensorQuantizationConfig]]:
+    """Every (op, 'input'|'output', slot, variable, config) of the graph's quantized ops."""
+    for operation in graph.operations.values():
+        config = operation.config
+        if config is None:
+            continue
+        for index, tqc in enumerate(config.input_quantization_config):
+            if tqc is not None and index < len(operation.inputs):
+                yield operation, "input", index, operation.inputs[index], tqc
+        for index, tqc in enumerate(config.output_quantization_config):
+            if tqc is not None and index < len(operation.outputs):
+                yield operation, "output", index, operation.outputs[index], tqc
+
+
+@contextmanager
+def dequantized(graph: Graph):
+    """Run the graph in float: every dequantizable config is DEQUANTIZED inside the block.
+
+    On exit (also through an exception) every config returns exactly to the
+    state it had.  Nesting is harmless: configs already DEQUANTIZED are left
+    to the outer block.
+    """
+    switched: list[TensorQuantizationConfig] = []
+    seen: set[int] = set()
+    try:
+        for *_, tqc in iter_tensor_configs(graph):
+            if id(tqc) in seen:
+                continue
+            seen.add(id(tqc))
+            if is_dequantizable(tqc.state):
+                tqc.set_dequantized()
+                switched.append(tqc)
+        yield graph
+    finally:
+        for tqc in reversed(switched):
+            if tqc.state is QuantizationStates.DEQUANTIZED:
+                tqc.restore()
