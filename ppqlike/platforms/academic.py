@@ -1,0 +1,24 @@
+"""Academic platforms: every quantizable op, plain min-max (ACADEMIC_INT8), and 4-bit weights (ACADEMIC_W4A8).
+
+Used to compare algorithms, not to deploy: all ops the quantizer knows are
+quantized, activations asymmetric uint8, weights symmetric per channel.
+"""
+
+from .quantizer import DEFAULT_QUANTIZABLE_TYPES, PlatformPolicy, TensorPolicy
+from .target import TargetPlatform
+
+ACADEMIC_INT8_POLICY = PlatformPolicy(
+    platform=TargetPlatform.ACADEMIC_INT8,
+    activation=TensorPolicy(num_of_bits=8, symmetric=False, signed=False, observer="minmax"),
+    weight=TensorPolicy(num_of_bits=8, symmetric=True, per_channel=True, narrow_range=True),
+    quantizable_types=DEFAULT_QUANTIZABLE_TYPES | {"Softmax", "Sigmoid", "Mul", "Div", "Sub", "ReduceMean",
+                                                   "LayerNormalization", "Resize"},
+    bias_int32=True,
+    exporter="qdq_onnx",
+    description="academic: every quantizable op, asymmetric uint8 activations, per-channel int8 weights",
+)
+
+ACADEMIC_W4A8_POLICY = ACADEMIC_INT8_POLICY.with_changes(
+    platform=TargetPlatform.ACADEMIC_W4A8,
+    weight=TensorPolicy(num_of_bits=4, symmetric=True, per_channel=True, narrow_range=True),
+    description="academic: 4-bit per-channel weights, 8-bit activations")

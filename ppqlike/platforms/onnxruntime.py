@@ -1,0 +1,18 @@
+"""onnxruntime CPU QDQ (ORT_INT8).
+
+uint8 asymmetric activations per tensor (what onnxruntime's x86 integer
+kernels fuse best), int8 symmetric per-channel weights, int32 bias,
+half-to-even rounding like QuantizeLinear.
+"""
+
+from .quantizer import PlatformPolicy, TensorPolicy
+from .target import TargetPlatform
+
+ORT_INT8_POLICY = PlatformPolicy(
+    platform=TargetPlatform.ORT_INT8,
+    activation=TensorPolicy(num_of_bits=8, symmetric=False, signed=False, observer="minmax"),
+    weight=TensorPolicy(num_of_bits=8, symmetric=True, per_channel=True, narrow_range=True),
+    bias_int32=True,
+    exporter="qdq_onnx",
+    description="onnxruntime CPU: uint8 asymmetric activations, per-channel int8 weights, int32 bias",
+)

@@ -1,0 +1,160 @@
+"""The platform quantizer: one policy object says everything a platform does; one class applies it.
+
+A :class:`PlatformPolicy` states, in one place, a platform's bits and ranges,
+symmetry, granularity, rounding, power-of-2 scales, the op types it
+quantizes, the activations it fuses, how it aligns Add and Concat inputs,
+its default observers, whether bias is int32, and its exporter.  Platforms
+that differ in a setting or two are two policies, not two classes.
+
+:class:`PlatformQuantizer` writes an OperationQuantizationConfig (states
+INITIAL / PASSIVE_INIT; SOI for shape slots) on every op the dispatcher sent
+to the platform, and no config on FP32 and SOI ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..core.ir import Graph, Operation, Variable
+from ..core.quant import (OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
+                          QuantizationStates, RoundingPolicy, TensorQuantizationConfig)
+from . import slots
+from .target import TargetPlatform
+
+P = QuantizationProperty
+
+
+@dataclass(frozen=True)
+class TensorPolicy:
+    """How one kind of tensor (activations or weights) is quantized on a platform."""
+
+    num_of_bits: int = 8
+    symmetric: bool = True
+    per_channel: bool = False
+    signed: bool = True
+    narrow_range: bool = False       # [-127, 127] instead of [-128, 127]
+    power_of_2: bool = False
+    observer: str = "minmax"
+
+    def quant_range(self) -> tuple[int, int]:
+        """(quant_min, quant_max) of this policy."""
+        if not self.signed:
+            return 0, 2 ** self.num_of_bits - 1
+        low, high = -(2 ** (self.num_of_bits - 1)), 2 ** (self.num_of_bits - 1) - 1
+        return (low + 1 if self.narrow_range else low), high
+
+    def quantization_policy(self, per_channel: bool | None = None) -> QuantizationPolicy:
+        """The QuantizationPolicy flags of this tensor policy."""
+        per_channel = self.per_channel if per_channel is None else per_channel
+        flags = (P.PER_CHANNEL if per_channel else P.PER_TENSOR) | P.LINEAR
+        flags |= P.SYMMETRICAL if self.symmetric else P.ASYMMETRICAL
+        if self.power_of_2:
+            flags |= P.POWER_OF_2
+        return QuantizationPolicy(flags)
+
+
+DEFAULT_QUANTIZABLE_TYPES = frozenset({
+    "Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "Concat", "Relu", "Clip", "LeakyRelu",
+    "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "MaxPool", "AveragePool", "GlobalAveragePool",
+    "GlobalMaxPool", "Pad", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Resize",
+    "Split", "ReduceMean", "Softmax", "Gelu"})
+
+
+@dataclass(frozen=True)
+class PlatformPolicy:
+    """Everything a platform decides about quantization, in one place."""
+
+    platform: TargetPlatform
+    activation: TensorPolicy = TensorPolicy()
+    weight: TensorPolicy = TensorPolicy(per_channel=True, narrow_range=True)
+    rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN
+    bias_int32: bool = True                     # False: bias stays float (TensorRT)
+    quantizable_types: frozenset = DEFAULT_QUANTIZABLE_TYPES
+    fused_activations: frozenset = frozenset({"Relu", "Clip"})
+    add_alignment: str = "none"                 # 'none' | 'larger' | 'output'
+    concat_alignment: bool = True
+    integer_requantization: bool = False        # True: multiplier + right shift (TPU-MLIR)
+    exporter: str = "qdq_onnx"
+    description: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def with_changes(self, **changes) -> "PlatformPolicy":
+        """A copy with some settings changed (e.g. another observer)."""
+        return replace(self, **changes)
+
+
+class PlatformQuantizer:
+    """Writes INITIAL quantization configs on every op dispatched to ``policy.platform``."""
+
+    def __init__(self, policy: PlatformPolicy):
+        self.policy = policy
+
+    @property
+    def platform(self) -> TargetPlatform:
+        return self.policy.platform
+
+    def _tensor_config(self, tensor_policy: TensorPolicy, name: str, per_channel: bool = False,
+                       channel_axis: int | None = None) -> TensorQuantizationConfig:
+        low, high = tensor_policy.quant_range()
+        return TensorQuantizationConfig(
+            tensor_policy.quantization_policy(per_channel), self.policy.rounding, tensor_policy.num_of_bits,
+            low, high, observer_algorithm=tensor_policy.observer,
+            channel_axis=channel_axis if per_channel else None, name=name)
+
+    def _bias_config(self, name: str, channel_axis: int | None) -> TensorQuantizationConfig:
+        weight = self.policy.weight
+        flags = (P.PER_CHANNEL if weight.per_channel else P.PER_TENSOR) | P.LINEAR | P.SYMMETRICAL
+        config = TensorQuantizationConfig(QuantizationPolicy(flags), self.policy.rounding, 32,
+                                          -(2 ** 31), 2 ** 31 - 1, observer_algorithm="passive",
+                                          channel_axis=0 if weight.per_channel else None, name=name)
+        config.state = QuantizationStates.PASSIVE_INIT
+        return config
+
+    def _weight_config(self, operation: Operation, variable: Variable) -> TensorQuantizationConfig:
+        axis = slots.weight_channel_axis(operation)
+        per_channel = self.policy.weight.per_channel and axis is not None
+        if operation.type == "ConvTranspose" and operation.attributes.get("group", 1) != 1:
+            per_channel = False  # per-channel scales would not line up with the bias of each group
+        return self._tensor_config(self.policy.weight, variable.name, per_channel, axis)
+
+    def init_quantize_config(self, operation: Operation) -> OperationQuantizationConfig:
+        """The INITIAL config of ``operation``: one TQC per quantized slot, None elsewhere."""
+        inputs: list[TensorQuantizationConfig | None] = []
+        for variable, kind in zip(operation.inputs, slots.input_slots(operation)):
+            if variable is None or kind == slots.NONE or not _is_float(variable):
+                inputs.append(None)
+            elif kind == slots.WEIGHT and variable.is_parameter:
+                inputs.append(self._weight_config(operation, variable))
+            elif kind == slots.BIAS:
+                inputs.append(self._bias_config(variable.name, 0) if self.policy.bias_int32 else None)
+            elif kind == slots.PASSIVE:
+                config = self._tensor_config(self.policy.activation, variable.name)
+                config.observer_algorithm = "passive"
+                config.state = QuantizationStates.PASSIVE_INIT
+                inputs.append(config)
+            else:
+                inputs.append(self._tensor_config(self.policy.activation, variable.name))
+        if operation.type in slots.COMPUTING_TYPES and self.policy.bias_int32 and len(inputs) > 2 \
+                and inputs[2] is not None and (inputs[1] is None or inputs[0] is None):
+            inputs[2] = None  # a bias without both masters cannot be int32
+        outputs = [self._tensor_config(self.policy.activation, v.name) if _is_float(v) else None
+                   for v in operation.outputs]
+        return OperationQuantizationConfig(inputs, outputs)
+
+    def quantize(self, graph: Graph) -> int:
+        """Write configs on every op whose ``platform`` is this platform; returns how many."""
+        count = 0
+        for operation in graph.topological_sort():
+            if operation.platform == self.platform:
+                operation.config = self.init_quantize_config(operation)
+                count += 1
+            else:
+                operation.config = None
+        return count
+
+
+def _is_float(variable: Variable) -> bool:
+    dtype = variable.dtype if variable.value is None else variable.value.dtype
+    return dtype is None or np.issubdtype(dtype, np.floating)

@@ -1,0 +1,71 @@
+"""What each input slot of an op type is, for quantization: activation, weight, bias, passive or none.
+
+* ``activation``: a tensor computed at run time (or a constant operand of an
+  elementwise op, quantized per tensor);
+* ``weight``: the parameter of Conv/ConvTranspose/Gemm/MatMul, possibly per channel;
+* ``bias``: int32 with scale S_input x S_weight (PASSIVE);
+* ``passive``: Clip bounds and the Pad value, on the grid of input 0 (PASSIVE);
+* ``none``: shapes, indices, sizes, roi and scales: never quantized.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from ..core.ir import Operation
+
+ACTIVATION, WEIGHT, BIAS, PASSIVE, NONE = "activation", "weight", "bias", "passive", "none"
+
+_COMPUTING = {"Conv": (ACTIVATION, WEIGHT, BIAS), "ConvTranspose": (ACTIVATION, WEIGHT, BIAS),
+              "Gemm": (ACTIVATION, WEIGHT, BIAS), "MatMul": (ACTIVATION, WEIGHT)}
+_SPECIAL = {"Clip": (ACTIVATION, PASSIVE, PASSIVE), "Pad": (ACTIVATION, NONE, PASSIVE, NONE)}
+#: Ops whose only quantized input is the data input 0; the others are shapes/indices.
+_DATA_ONLY = frozenset({"Reshape", "Expand", "Tile", "Slice", "Gather", "GatherElements", "Resize",
+                        "Squeeze", "Unsqueeze", "Split", "TopK", "ReduceMean", "ReduceSum", "ReduceMax",
+                        "ReduceMin", "Upsample"})
+#: Ops where every input is data.
+_ALL_DATA = frozenset({"Add", "Sub", "Mul", "Div", "Concat", "Max", "Min", "Sum", "Mean", "Where", "PRelu",
+                       "Equal", "Greater", "Less"})
+
+COMPUTING_TYPES = frozenset(_COMPUTING)
+SLOT_TABLE = MappingProxyType({**_COMPUTING, **_SPECIAL})
+
+#: Ops that move values without changing them: their output keeps the input's scale and offset.
+VALUE_PRESERVING_TYPES = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool",
+                                    "GlobalMaxPool", "Slice", "Gather", "Split", "Expand", "Tile",
+                                    "Identity", "Dropout", "Pad", "SpaceToDepth", "DepthToSpace",
+                                    "ReduceMax", "ReduceMin"})
+
+
+def input_slots(operation: Operation) -> tuple[str, ...]:
+    """The kind of every input slot of ``operation`` (see the module docstring)."""
+    count = len(operation.inputs)
+    if operation.type in SLOT_TABLE:
+        kinds = SLOT_TABLE[operation.type]
+    elif operation.type in _DATA_ONLY:
+        kinds = (ACTIVATION,)
+    elif operation.type in _ALL_DATA:
+        kinds = (ACTIVATION,) * count
+    else:
+        kinds = (ACTIVATION,)
+    kinds = tuple(kinds[:count]) + (NONE,) * max(0, count - len(kinds))
+    if operation.type == "MatMul" and count == 2:
+        second = operation.inputs[1]
+        if second is None or not second.is_parameter:
+            kinds = (ACTIVATION, ACTIVATION)
+    return kinds
+
+
+def weight_channel_axis(operation: Operation) -> int | None:
+    """The output-channel axis of ``operation``'s weight (DESIGN.md §2), or None."""
+    weight = operation.inputs[1] if len(operation.inputs) > 1 else None
+    rank = None if weight is None or weight.value is None else weight.value.ndim
+    if operation.type == "Conv":
+        return 0
+    if operation.type == "ConvTranspose":
+        return 1
+    if operation.type == "Gemm":
+        return 0 if operation.attributes.get("transB", 0) else 1
+    if operation.type == "MatMul":
+        return None if rank is None or rank < 2 else rank - 1
+    return None

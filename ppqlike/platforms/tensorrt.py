@@ -1,0 +1,23 @@
+"""TensorRT INT8 (TRT_INT8) and PPL CUDA INT8 (PPL_CUDA_INT8).
+
+Symmetric int8 activations per tensor, symmetric narrow-range per-channel
+weights, half-to-even rounding, bias kept float (TensorRT folds it in FP32),
+Conv/Gemm fused with Relu/Clip, Concat inputs aligned.  PPL CUDA differs only
+in quantizing the bias to int32 and aligning Add inputs to the output.
+"""
+
+from .quantizer import PlatformPolicy, TensorPolicy
+from .target import TargetPlatform
+
+TRT_INT8_POLICY = PlatformPolicy(
+    platform=TargetPlatform.TRT_INT8,
+    activation=TensorPolicy(num_of_bits=8, symmetric=True, signed=True, observer="kl"),
+    weight=TensorPolicy(num_of_bits=8, symmetric=True, per_channel=True, narrow_range=True),
+    bias_int32=False,
+    exporter="qdq_onnx",
+    description="TensorRT: int8 symmetric activations (per tensor), per-channel int8 weights, float bias",
+)
+
+PPL_CUDA_INT8_POLICY = TRT_INT8_POLICY.with_changes(
+    platform=TargetPlatform.PPL_CUDA_INT8, bias_int32=True, add_alignment="output",
+    description="PPL CUDA: as TensorRT, with int32 bias and Add inputs aligned to the output")

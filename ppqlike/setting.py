@@ -1,0 +1,143 @@
+"""QuantizationSetting: the user's knobs for one quantization run, saved to and loaded from JSON.
+
+A setting says which passes run and how; the platform's policy
+(``ppqlike.platforms``) says what the hardware needs.  Where both speak (the
+activation observer, Add alignment) a setting value other than None wins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+from .core.errors import PlatformError
+from .io.onnx_export import atomic_write_bytes
+from .platforms.target import TargetPlatform
+
+_OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
+_DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
+
+
+@dataclass
+class QuantizationSetting:
+    """Every option of a quantization run.  Defaults are what most users want.
+
+    Formatting: ``fold_constants``, ``fold_batchnorm``, ``remove_identity``,
+    ``fold_bias_add``.  Dispatch: ``dispatcher`` and ``dispatching_table``
+    (op name -> 'TARGET' | 'FP32').  Passes: ``fusion``, ``simplify``,
+    ``activation_observer`` (None: the platform's default),
+    ``weight_per_channel`` (None: the platform's), ``add_alignment`` (None:
+    the platform's; 'none' | 'larger' | 'output'), ``concat_alignment``,
+    ``search_batches`` (batches the TPU-style search evaluates on).
+    Export: ``export_uint8_activations`` and ``export_qdq_per_consumer``
+    (None: what the platform's exporter prefers).
+    """
+
+    fold_constants: bool = True
+    fold_batchnorm: bool = True
+    remove_identity: bool = True
+    fold_bias_add: bool = True
+    dispatcher: str = "conservative"
+    dispatching_table: dict = field(default_factory=dict)
+    fusion: bool = True
+    simplify: bool = True
+    activation_observer: str | None = None
+    weight_per_channel: bool | None = None
+    add_alignment: str | None = None
+    concat_alignment: bool = True
+    search_batches: int = 1
+    export_uint8_activations: bool | None = None
+    export_qdq_per_consumer: bool | None = None
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> "QuantizationSetting":
+        """Raise PlatformError naming the first bad value."""
+        if self.dispatcher not in _DISPATCHERS:
+            raise PlatformError(f"setting.dispatcher {self.dispatcher!r} is unknown; choose one of {_DISPATCHERS}")
+        if self.activation_observer is not None and self.activation_observer not in _OBSERVERS:
+            raise PlatformError(f"setting.activation_observer {self.activation_observer!r} is unknown; "
+                                f"choose one of {_OBSERVERS}")
+        if self.add_alignment not in (None, "none", "larger", "output"):
+            raise PlatformError(f"setting.add_alignment {self.add_alignment!r} is unknown; "
+                                "choose 'none', 'larger' or 'output'")
+        if not isinstance(self.dispatching_table, dict):
+            raise PlatformError("setting.dispatching_table must map op names to 'TARGET' or 'FP32'")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "QuantizationSetting":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PlatformError(f"unknown setting keys {unknown}; valid keys are {sorted(known)}")
+        return cls(**data)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the setting as JSON (atomically)."""
+        atomic_write_bytes(path, json.dumps(self.to_dict(), indent=2, sort_keys=True).encode())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "QuantizationSetting":
+        """Read a setting written by :meth:`save` (or by hand)."""
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except OSError as error:
+            raise PlatformError(f"cannot read setting file {os.fspath(path)!r}: {error.strerror}") from None
+        except json.JSONDecodeError as error:
+            raise PlatformError(f"setting file {os.fspath(path)!r} is not valid JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise PlatformError(f"setting file {os.fspath(path)!r} must hold a JSON object")
+        return cls.from_dict(data)
+
+
+class QuantizationSettingFactory:
+    """Ready-made settings: a default and one preset per platform."""
+
+    @staticmethod
+    def default_setting() -> QuantizationSetting:
+        return QuantizationSetting()
+
+    @staticmethod
+    def trt_setting() -> QuantizationSetting:
+        """TensorRT: KL activations; one Q/DQ pair per consumer so onnxruntime can fuse the int8 export."""
+        return QuantizationSetting(activation_observer="kl", export_qdq_per_consumer=True)
+
+    @staticmethod
+    def ort_setting() -> QuantizationSetting:
+        """onnxruntime CPU: uint8 activations, min-max."""
+        return QuantizationSetting(export_uint8_activations=True)
+
+    @staticmethod
+    def tpu_setting() -> QuantizationSetting:
+        """TPU-MLIR: KL calibration."""
+        return QuantizationSetting(activation_observer="kl")
+
+    @staticmethod
+    def dsp_setting() -> QuantizationSetting:
+        return QuantizationSetting()
+
+    @staticmethod
+    def tidl_setting() -> QuantizationSetting:
+        return QuantizationSetting(add_alignment="larger")
+
+    @staticmethod
+    def academic_setting() -> QuantizationSetting:
+        return QuantizationSetting(dispatcher="aggressive")
+
+    @classmethod
+    def for_platform(cls, platform) -> QuantizationSetting:
+        """The preset of ``platform`` (the default where none is specific)."""
+        platform = TargetPlatform.parse(platform)
+        presets = {TargetPlatform.TRT_INT8: cls.trt_setting, TargetPlatform.PPL_CUDA_INT8: cls.trt_setting,
+                   TargetPlatform.ORT_INT8: cls.ort_setting, TargetPlatform.TPU_INT8: cls.tpu_setting,
+                   TargetPlatform.DSP_INT8: cls.dsp_setting, TargetPlatform.TIDL_INT8: cls.tidl_setting,
+                   TargetPlatform.NXP_INT8: cls.tidl_setting, TargetPlatform.ACADEMIC_INT8: cls.academic_setting,
+                   TargetPlatform.ACADEMIC_W4A8: cls.academic_setting}
+        return presets.get(platform, cls.default_setting)()
