@@ -59,7 +59,7 @@ DEFAULT_QUANTIZABLE_TYPES = frozenset({
     "Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "Concat", "Relu", "Clip", "LeakyRelu",
     "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "MaxPool", "AveragePool", "GlobalAveragePool",
     "GlobalMaxPool", "Pad", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Resize",
-    "Split", "ReduceMean", "Softmax", "Gelu"})
+    "Split", "ReduceMean", "Gelu"})
 
 
 @dataclass(frozen=True)
