@@ -1,0 +1,278 @@
+"""``ppqlike quantize``: an ONNX model and a calibration folder in, a quantized model folder out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+
+from .core.errors import CalibrationDataError, ModelLoadError, PlatformError, PPQLikeError
+from .platforms.target import QUANTIZED_PLATFORMS, TargetPlatform
+
+SUMMARY_NAME = "summary.json"
+
+DESCRIPTION = """\
+Quantize MODEL.onnx for a target platform, calibrating on a folder of images or
+of .npy/.npz arrays, and write into --out:
+
+  <stem>.<platform>.onnx   the quantized model (QDQ ONNX), e.g. mobilenetv2.trt_int8.onnx
+  <stem>.<platform>.json   every tensor's quantization parameters (scales, offsets, bits, states)
+  summary.json             ops on TARGET / FP32 / SOI, times, peak memory, the files written
+  (platform extras)        whatever the platform's exporter writes beside the model
+
+Files are written whole or not at all (temporary name, then rename); if
+quantization fails nothing is written.  The input model is only read.
+
+Calibration folder: images (.jpg .jpeg .png .bmp .webp .tif .tiff) for
+single-input image models, or .npy files (single input) / .npz files (arrays
+keyed by input name); an array with the input's rank is a batch, one rank
+lower a single sample.  Other files are skipped with a warning.
+
+Image preprocessing, per pixel value x in 0..255 and per channel:
+    x' = (x / scale - mean) / std
+after resizing the shorter side to --resize (bilinear), centre-cropping to
+--crop, and RGB -> BGR with --bgr (mean/std are then in BGR order).
+ImageNet-style:  --resize 256 --crop 224 --scale 255 --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225
+Caffe-style raw pixel means: --bgr --mean 103.94,116.78,123.68
+(ppqlike.io.images.load_image takes scale as a multiplier: its scale= is 1/--scale.)
+"""
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+    if len(values) not in (1, 3):
+        raise argparse.ArgumentTypeError(f"{text!r}: give one number or three (one per channel)")
+    return values
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _crop(text: str):
+    parts = text.lower().replace("x", ",").split(",")
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give N or HxW") from None
+    if len(sizes) not in (1, 2) or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give N or HxW")
+    return sizes[0] if len(sizes) == 1 else tuple(sizes)
+
+
+def _shape(text: str) -> list:
+    dims = []
+    for part in text.replace(" ", "").split(","):
+        if part in ("N", "n", "?", "-1", "None"):
+            dims.append(None)
+            continue
+        try:
+            dims.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a shape: give e.g. 1,3,224,224 (N for any)") from None
+        if dims[-1] <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: dimensions must be positive")
+    return dims
+
+
+def add_quantize_parser(commands) -> argparse.ArgumentParser:
+    parser = commands.add_parser("quantize", help="quantize an ONNX model on a calibration folder",
+                                 description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", metavar="MODEL.onnx", help="the FP32 ONNX model (only read)")
+    parser.add_argument("--platform", default="trt_int8",
+                        help=f"target platform, any case (default trt_int8): "
+                             f"{', '.join(p.name.lower() for p in QUANTIZED_PLATFORMS)}")
+    parser.add_argument("--calib", required=True, metavar="DIR", help="calibration folder (images or .npy/.npz)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created if absent)")
+    parser.add_argument("--model-name", metavar="NAME",
+                        help="file name of the quantized model in --out (default <stem>.<platform>.onnx)")
+    group = parser.add_argument_group("calibration")
+    group.add_argument("--batch-size", type=_positive, default=16, metavar="N", help="samples per batch (default 16)")
+    group.add_argument("--calib-steps", type=_positive, metavar="N", help="use the first N batches (default all)")
+    group.add_argument("--input-shape", type=_shape, metavar="SHAPE",
+                       help="input shape of a single-input model, e.g. 1,3,224,224 or N,3,224,224; the batch "
+                            "dimension is --batch-size; checked against the data and used for image layout/crop")
+    group = parser.add_argument_group("image preprocessing (x' = (x / scale - mean) / std)")
+    group.add_argument("--resize", type=_positive, metavar="N",
+                       help="resize the shorter side to N pixels (default: the crop size)")
+    group.add_argument("--crop", type=_crop, metavar="N|HxW", help="centre crop (default: the model's H and W)")
+    group.add_argument("--mean", type=_floats, default=[0.0], metavar="M[,M,M]", help="per channel (default 0)")
+    group.add_argument("--std", type=_floats, default=[1.0], metavar="S[,S,S]", help="per channel (default 1)")
+    group.add_argument("--scale", type=float, default=1.0,
+                       help="pixels are divided by this first (default 1: raw 0..255 values)")
+    group.add_argument("--bgr", action="store_true", help="feed channels in BGR order")
+    group.add_argument("--layout", choices=("NCHW", "NHWC"), type=str.upper,
+                       help="image batch layout (default: what the model's input shape says, else NCHW)")
+    group = parser.add_argument_group("quantization")
+    group.add_argument("--setting", metavar="FILE.json", help="a QuantizationSetting saved as JSON "
+                                                               "(default: the platform's preset)")
+    group.add_argument("--dispatch-table", metavar="FILE",
+                       help="pin ops: a JSON object {op_name: TARGET|FP32} or lines 'op_name TARGET|FP32' "
+                            "(# starts a comment)")
+    group.add_argument("--dispatcher", help="conservative | aggressive | pointwise | allin")
+    group.add_argument("--observer", help="activation observer: minmax | percentile | kl | entropy | mse | search")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    parser.set_defaults(run=run_quantize)
+    return parser
+
+
+def parse_platform(name) -> TargetPlatform:
+    """A quantized platform from its name; PlatformError listing the valid names otherwise."""
+    valid = ", ".join(p.name.lower() for p in QUANTIZED_PLATFORMS)
+    try:
+        platform = TargetPlatform.parse(name)
+    except PlatformError:
+        raise PlatformError(f"unknown platform {name!r}; valid platforms are: {valid}") from None
+    if not platform.is_quantized:
+        raise PlatformError(f"{platform.name} is not a quantization target; valid platforms are: {valid}")
+    return platform
+
+
+def read_dispatch_table(path: str) -> dict:
+    """{op name: label} from a JSON object or from 'op_name LABEL' lines."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as error:
+        raise PlatformError(f"cannot read dispatch table {path!r}: {error.strerror}") from None
+    if text.lstrip().startswith("{"):
+        try:
+            table = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise PlatformError(f"dispatch table {path!r} is not valid JSON: {error}") from None
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
+            raise PlatformError(f"dispatch table {path!r} must map op names to 'TARGET' or 'FP32' strings")
+        return table
+    table = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.replace(",", " ").replace(":", " ").split()
+        if len(parts) != 2:
+            raise PlatformError(f"dispatch table {path!r} line {number}: expected 'op_name TARGET|FP32', "
+                                f"got {line!r}")
+        table[parts[0]] = parts[1]
+    return table
+
+
+def build_setting(args, platform):
+    from .setting import QuantizationSetting, QuantizationSettingFactory
+    setting = (QuantizationSetting.load(args.setting) if args.setting
+               else QuantizationSettingFactory.for_platform(platform))
+    changes = {}
+    if args.observer:
+        changes["activation_observer"] = args.observer.strip().lower()
+    if args.dispatch_table:
+        changes["dispatching_table"] = {**setting.dispatching_table, **read_dispatch_table(args.dispatch_table)}
+    return QuantizationSetting.from_dict({**setting.to_dict(), **changes}) if changes else setting
+
+
+def image_options(args) -> dict:
+    return {"resize_shorter": args.resize, "crop": args.crop, "mean": args.mean, "std": args.std,
+            "scale": 1.0 / args.scale, "bgr": args.bgr, "layout": args.layout}
+
+
+def open_calibration(folder: str, graph, batch_size: int, input_shape, options: dict):
+    """The CalibrationFolder for ``graph``; warnings it raises are printed as 'ppqlike: warning: ...'."""
+    from .io.calibration_data import CalibrationFolder, InputSpec, input_specs
+    specs = input_specs(graph)
+    if input_shape is not None:
+        if len(specs) != 1:
+            raise CalibrationDataError(f"--input-shape is for single-input models; this one has inputs "
+                                       f"{[s.name for s in specs]}")
+        specs = [InputSpec(specs[0].name, tuple(input_shape), specs[0].dtype)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = CalibrationFolder(folder, specs, batch_size=batch_size, image_options=options)
+    for warning in caught:
+        print(f"ppqlike: warning: {warning.message}", file=sys.stderr)
+    return data
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    from .api import quantize_onnx_model
+    from .cli_output import OutputFolder
+    from .io import load_onnx_graph
+
+    started = time.perf_counter()
+    platform = parse_platform(args.platform)
+    model = os.path.abspath(args.model)
+    if not os.path.exists(model):
+        raise ModelLoadError(f"model file {args.model!r} does not exist")
+    if not os.path.isfile(model):
+        raise ModelLoadError(f"model path {args.model!r} is not a file; give the path of an .onnx file")
+    stem = os.path.splitext(os.path.basename(model))[0]
+    model_name = args.model_name or f"{stem}.{platform.name.lower()}.onnx"
+    if os.path.basename(model_name) != model_name or not model_name:
+        raise PPQLikeError(f"--model-name {model_name!r} must be a plain file name, not a path")
+    names = {"model": model_name, "config": f"{os.path.splitext(model_name)[0]}.json", "summary": SUMMARY_NAME}
+    output = OutputFolder(args.out, protect=(model,))
+    output.check(list(names.values()))
+    setting = build_setting(args, platform)
+    setting.validate()
+    graph = load_onnx_graph(model)
+    data = open_calibration(args.calib, graph, args.batch_size, args.input_shape, image_options(args))
+    if args.calib_steps is not None and args.calib_steps > len(data):
+        raise CalibrationDataError(
+            f"--calib-steps {args.calib_steps} asks for more batches than the calibration data has: "
+            f"{data.describe()}; lower --calib-steps (at most {len(data)}) or --batch-size")
+    if not args.quiet:
+        print(f"ppqlike: calibrating on {data.describe()}", file=sys.stderr)
+    shape = None if args.input_shape is None else [None, *args.input_shape[1:]]
+    graph = quantize_onnx_model(graph, data, calib_steps=args.calib_steps, input_shape=shape, platform=platform,
+                                setting=setting, dispatcher=args.dispatcher, verbose=0 if args.quiet else 1)
+    graph.metadata.setdefault("quantization", {})["source"] = model  # exporters refuse to overwrite it
+    calibration = {"folder": os.path.abspath(args.calib), "kind": data.kind, "samples": data.samples,
+                   "batch_size": data.batch_size, "batches": len(data),
+                   "batches_used": args.calib_steps or len(data), "skipped_files": data.skipped,
+                   "description": data.describe()}
+    summary = export_folder(graph, platform, output, names, model, started, calibration)
+    from .cli_output import print_summary
+    print_summary(summary)
+    return 0
+
+
+def export_folder(graph, platform, output, names: dict, source: str, started: float, calibration=None) -> dict:
+    """Export ``graph`` into ``output`` (whole or nothing) with a summary.json; returns the summary."""
+    from .cli_export import export_quantized, exported_states
+    from .cli_output import dispatch_counts, peak_memory_mib, write_summary
+
+    quantized_at = time.perf_counter()
+    info: dict = {}
+    summary: dict = {}
+
+    def produce(staging: str) -> None:
+        info.update(export_quantized(graph, platform, os.path.join(staging, names["model"]),
+                                     os.path.join(staging, names["config"])))
+        extras = sorted(n for n in os.listdir(staging) if n not in names.values() and not n.startswith("."))
+        metadata = graph.metadata.get("quantization", {})
+        finished = time.perf_counter()
+        summary.update({
+            "model": source, "platform": platform.name, "output_dir": output.path,
+            "files": {"model": output.file(names["model"]), "config": output.file(names["config"]),
+                      "summary": output.file(names["summary"]), **({"extras": [output.file(n) for n in extras]}
+                                                                     if extras else {})},
+            "ops": dispatch_counts(graph), "dispatcher": metadata.get("dispatch", {}).get("dispatcher"),
+            "config_states": exported_states(graph), "calibration": calibration,
+            "exporter": info["exporter"], "export_notes": info["notes"],
+            "seconds": {"quantize": round(metadata.get("seconds", 0.0), 3),
+                        "export": round(finished - quantized_at, 3), "total": round(finished - started, 3)},
+            "passes": [{"name": p["name"], "seconds": p["seconds"]} for p in metadata.get("passes", [])],
+            "peak_memory_mib": peak_memory_mib()})
+        write_summary(staging, names["summary"], summary)
+
+    output.commit(produce)
+    return summary

@@ -1,0 +1,358 @@
+"""Calibration data from a folder: images, or .npy/.npz arrays, as a lazily loading batch iterator.
+
+:class:`CalibrationFolder` lists the folder once and then, on every
+iteration, reads only the files of the batch it is building: it never holds
+more than one batch (plus one array file) in memory, it knows its length
+(number of batches) without reading the data, and it can be iterated again
+(observers that need two passes over the data get the same batches).
+
+The folder holds one kind of file:
+
+* **images** (``.jpg .jpeg .png .bmp .webp .tif .tiff``), for single-input
+  models.  Each image is one sample, read by :func:`ppqlike.io.images.load_image`
+  with ``image_options``: shorter side resized (bilinear), centre crop, RGB
+  (or BGR), then ``(x * scale - mean) / std`` per channel with x the 0..255
+  pixel value (the command line's ``--scale S`` is ``scale=1/S`` here).
+  ``layout`` and ``crop`` default to what the model's input shape says when
+  it is static ([N,3,H,W] is NCHW, [N,H,W,3] NHWC).
+* **arrays**: ``.npy`` files (single-input models) or ``.npz`` files (arrays
+  keyed by input name; a single-input model also takes an .npz holding a
+  single array under any key).  A file whose array has the rank of the
+  model input is a batch of samples; one rank lower is a single sample.
+  Samples of all files are regrouped into batches of ``batch_size``.
+
+Files of any other kind are skipped with a :class:`CalibrationDataWarning`
+naming them; hidden files (``.name``) and sub-folders are ignored silently.
+A folder mixing images and array files, a folder with nothing usable, an
+unreadable file, an array of the wrong rank or shape, and NaN or Inf
+values are :class:`~ppqlike.core.errors.CalibrationDataError` naming the file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+import zipfile
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..core.errors import CalibrationDataError
+from .images import IMAGE_SUFFIXES, load_image
+
+#: Suffixes of array files (compared case-insensitively).
+ARRAY_SUFFIXES = (".npy", ".npz")
+
+
+class CalibrationDataWarning(UserWarning):
+    """Something in the calibration folder was skipped (a file that is neither an image nor an array)."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What the model expects at one input: name, shape (None or str for a dynamic dim) and dtype."""
+
+    name: str
+    shape: tuple | None = None
+    dtype: Any = np.float32
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+
+def input_specs(graph_or_specs: Any) -> list[InputSpec]:
+    """InputSpecs from a Graph (its ``inputs``), a mapping name -> shape, or a sequence of InputSpec."""
+    if hasattr(graph_or_specs, "inputs") and hasattr(graph_or_specs, "operations"):
+        return [InputSpec(v.name, None if v.shape is None else tuple(v.shape),
+                          np.float32 if v.dtype is None else np.dtype(v.dtype)) for v in graph_or_specs.inputs]
+    if isinstance(graph_or_specs, Mapping):
+        return [InputSpec(str(k), None if s is None else tuple(s)) for k, s in graph_or_specs.items()]
+    specs = list(graph_or_specs)
+    if not all(isinstance(s, InputSpec) for s in specs):
+        raise CalibrationDataError("inputs must be a Graph, a mapping input name -> shape, or InputSpecs")
+    return specs
+
+
+def _static(dim) -> int | None:
+    return int(dim) if isinstance(dim, (int, np.integer)) and dim > 0 else None
+
+
+def _listing(folder: str) -> tuple[list[str], list[str], list[str]]:
+    """(image files, array files, other files) of ``folder``, each sorted; hidden files and folders left out."""
+    if not os.path.exists(folder):
+        raise CalibrationDataError(f"calibration folder {folder!r} does not exist")
+    if not os.path.isdir(folder):
+        raise CalibrationDataError(f"calibration path {folder!r} is not a folder; give a folder of images "
+                                   "or of .npy/.npz files")
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as error:
+        raise CalibrationDataError(f"cannot list calibration folder {folder!r}: {error.strerror}") from None
+    images, arrays, others = [], [], []
+    for name in names:
+        if name.startswith(".") or not os.path.isfile(os.path.join(folder, name)):
+            continue
+        lower = name.lower()
+        (images if lower.endswith(IMAGE_SUFFIXES) else arrays if lower.endswith(ARRAY_SUFFIXES)
+         else others).append(name)
+    return images, arrays, others
+
+
+def _npy_header(stream) -> tuple[tuple, np.dtype]:
+    version = np.lib.format.read_magic(stream)
+    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = reader(stream)
+    return tuple(shape), dtype
+
+
+def _array_shapes(path: str) -> dict[str | None, tuple]:
+    """Shapes of the arrays in an .npy (key None) or .npz file, read from the headers only."""
+    try:
+        if path.lower().endswith(".npy"):
+            with open(path, "rb") as stream:
+                return {None: _npy_header(stream)[0]}
+        with zipfile.ZipFile(path) as archive:
+            shapes = {}
+            for member in archive.namelist():
+                if member.endswith(".npy"):
+                    with archive.open(member) as stream:
+                        shapes[member[:-4]] = _npy_header(stream)[0]
+            return shapes
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
+        raise CalibrationDataError(f"cannot read calibration file {path!r}: {error}") from None
+
+
+class CalibrationFolder:
+    """Batches of calibration data read lazily from a folder (see the module docstring).
+
+    ``inputs``: the model's inputs (a Graph, a mapping name -> shape, or
+    InputSpecs); ``batch_size``: samples per batch (the last batch may be
+    smaller); ``image_options``: keyword arguments of
+    :func:`ppqlike.io.images.load_image` (``layout`` and ``crop`` default to
+    the model's).  Iterating yields one array per batch for single-input
+    models and a dict input name -> array otherwise.  ``len()`` is the number
+    of batches; ``samples`` the number of samples; ``skipped`` the file names
+    skipped with a warning.
+    """
+
+    def __init__(self, folder: str | os.PathLike, inputs: Any, batch_size: int = 16,
+                 image_options: Mapping[str, Any] | None = None):
+        self.folder = os.fspath(folder)
+        self.specs = input_specs(inputs)
+        if not self.specs:
+            raise CalibrationDataError("the model has no inputs to calibrate")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+            raise CalibrationDataError(f"batch size must be a positive integer, got {batch_size!r}")
+        self.batch_size = int(batch_size)
+        images, arrays, others = _listing(self.folder)
+        if images and arrays:
+            raise CalibrationDataError(
+                f"calibration folder {self.folder!r} mixes {len(images)} image(s) and {len(arrays)} .npy/.npz "
+                f"file(s) (e.g. {images[0]!r}, {arrays[0]!r}); keep one kind per folder")
+        if not images and not arrays:
+            found = f"; it holds only {len(others)} other file(s), e.g. {others[0]!r}" if others else " (it is empty)"
+            raise CalibrationDataError(
+                f"calibration folder {self.folder!r} holds no images ({', '.join(IMAGE_SUFFIXES)}) "
+                f"and no .npy/.npz files{found}")
+        self.skipped = list(others)
+        if others:
+            shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
+            warnings.warn(f"calibration folder {self.folder!r}: skipped {len(others)} file(s) that are neither "
+                          f"images nor .npy/.npz: {shown}", CalibrationDataWarning, stacklevel=2)
+        self.kind = "images" if images else "arrays"
+        if self.kind == "images":
+            self.files = images
+            self.image_options = self._image_options(dict(image_options or {}))
+            self.counts = [1] * len(images)
+        else:
+            self.files = arrays
+            self.image_options = {}
+            self.counts = [self._count(name) for name in arrays]
+        self.samples = sum(self.counts)
+        if self.samples == 0:
+            raise CalibrationDataError(f"calibration folder {self.folder!r}: its array files hold no samples")
+
+    # ------------------------------------------------------------------ images
+    def _image_options(self, options: dict) -> dict:
+        if len(self.specs) != 1:
+            names = [s.name for s in self.specs]
+            raise CalibrationDataError(f"calibration folder {self.folder!r} holds images, but the model has "
+                                       f"{len(names)} inputs {names}; give .npz files keyed by input name")
+        shape = self.specs[0].shape
+        if shape is not None and len(shape) != 4:
+            raise CalibrationDataError(f"calibration folder {self.folder!r} holds images, but model input "
+                                       f"{self.specs[0].name!r} has shape {list(shape)}, not an image batch "
+                                       "[N,3,H,W] or [N,H,W,3]; give .npy files instead")
+        if shape is not None and options.get("layout") is None:
+            if _static(shape[1]) == 3:
+                options["layout"] = "NCHW"
+            elif _static(shape[3]) == 3:
+                options["layout"] = "NHWC"
+        options["layout"] = layout = str(options.get("layout") or "NCHW").upper()
+        if shape is not None and layout in ("NCHW", "NHWC"):
+            name = self.specs[0].name
+            channels, height, width = (shape[1], shape[2], shape[3]) if layout == "NCHW" else \
+                (shape[3], shape[1], shape[2])
+            if _static(channels) not in (None, 3):
+                raise CalibrationDataError(
+                    f"model input {name!r} has shape {list(shape)}: in {layout} layout that is {channels} "
+                    f"channel(s), but images give 3 (RGB/BGR); check the layout, or give .npy files instead")
+            crop = options.get("crop")
+            if crop is not None and _static(height) and _static(width):
+                crop_h, crop_w = (crop, crop) if isinstance(crop, (int, np.integer)) else tuple(crop)
+                if (crop_h, crop_w) != (height, width):
+                    raise CalibrationDataError(
+                        f"images cropped to {crop_h}x{crop_w} (height x width) do not fit model input {name!r} "
+                        f"of shape {list(shape)} ({layout}), which takes {height}x{width}")
+            if crop is None and _static(height) and _static(width):
+                options["crop"] = (int(height), int(width))
+                if options.get("resize_shorter") is None:
+                    options["resize_shorter"] = max(int(height), int(width))
+        options.setdefault("resize_shorter", None)
+        options.setdefault("crop", None)
+        return options
+
+    # ------------------------------------------------------------------ arrays
+    def _assign(self, name: str, keys: Sequence[str | None]) -> dict[str, str | None]:
+        """Input name -> key in the file (None: the .npy array)."""
+        path = os.path.join(self.folder, name)
+        names = [s.name for s in self.specs]
+        if None in keys:  # .npy
+            if len(self.specs) != 1:
+                raise CalibrationDataError(f"calibration file {path!r} is an .npy file, but the model has "
+                                           f"{len(names)} inputs {names}; give .npz files keyed by input name")
+            return {names[0]: None}
+        if not keys:
+            raise CalibrationDataError(f"calibration file {path!r} holds no arrays")
+        if len(self.specs) == 1 and len(keys) == 1:
+            return {names[0]: keys[0]}
+        unknown = sorted(set(keys) - set(names))
+        missing = [n for n in names if n not in keys]
+        if unknown or missing:
+            raise CalibrationDataError(f"calibration file {path!r} holds arrays {sorted(keys)}; they must be "
+                                       f"keyed by the model's input names {names}")
+        return {n: n for n in names}
+
+    def _samples_in(self, name: str, spec: InputSpec, shape: tuple) -> int:
+        """Samples in an array of ``shape`` for ``spec``; checks rank and the static non-batch dims."""
+        path = os.path.join(self.folder, name)
+        if spec.rank is None:
+            return int(shape[0]) if shape else 1
+        if len(shape) == spec.rank - 1:
+            sample_shape, count = shape, 1
+        elif len(shape) == spec.rank:
+            sample_shape, count = shape[1:], int(shape[0])
+        else:
+            raise CalibrationDataError(
+                f"calibration file {path!r}: input {spec.name!r} has shape {list(spec.shape)} (rank {spec.rank}), "
+                f"so an array must have rank {spec.rank} (a batch) or {spec.rank - 1} (one sample); "
+                f"got shape {list(shape)}")
+        for want, got in zip(spec.shape[1:], sample_shape):
+            if _static(want) is not None and want != got:
+                raise CalibrationDataError(
+                    f"calibration file {path!r}: input {spec.name!r} has shape {list(spec.shape)}, so a sample "
+                    f"must have shape {list(spec.shape[1:])}; the array has shape {list(shape)}")
+        return count
+
+    def _count(self, name: str) -> int:
+        shapes = _array_shapes(os.path.join(self.folder, name))
+        assignment = self._assign(name, list(shapes))
+        counts = {n: self._samples_in(name, spec, shapes[assignment[spec.name]])
+                  for n, spec in ((s.name, s) for s in self.specs)}
+        if len(set(counts.values())) > 1:
+            raise CalibrationDataError(f"calibration file {os.path.join(self.folder, name)!r}: its arrays hold "
+                                       f"different numbers of samples {counts}")
+        return next(iter(counts.values()))
+
+    def _load_arrays(self, name: str) -> dict[str, np.ndarray]:
+        path = os.path.join(self.folder, name)
+        try:
+            if name.lower().endswith(".npy"):
+                raw = {None: np.load(path, allow_pickle=False)}
+            else:
+                with np.load(path, allow_pickle=False) as data:
+                    raw = {key: data[key] for key in data.files}
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
+            raise CalibrationDataError(f"cannot read calibration file {path!r}: {error}") from None
+        assignment = self._assign(name, list(raw))
+        arrays = {}
+        for spec in self.specs:
+            array = raw[assignment[spec.name]]
+            if spec.rank is not None and array.ndim == spec.rank - 1:
+                array = array[None]
+            if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+                raise CalibrationDataError(f"calibration file {path!r}: array for input {spec.name!r} has dtype "
+                                           f"{array.dtype}, not a numeric type")
+            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+                raise CalibrationDataError(f"calibration file {path!r}: input {spec.name!r} holds NaN or Inf "
+                                           "values; clean the data before calibrating")
+            arrays[spec.name] = array.astype(spec.dtype, copy=False) if spec.dtype is not None else array
+        return arrays
+
+    # --------------------------------------------------------------- iterating
+    def __len__(self) -> int:
+        return math.ceil(self.samples / self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.kind == "images":
+            for start in range(0, len(self.files), self.batch_size):
+                names = self.files[start:start + self.batch_size]
+                batch = np.concatenate([self._image(n) for n in names], axis=0)
+                yield self._finish({self.specs[0].name: batch})
+            return
+        pending: dict[str, list[np.ndarray]] = {s.name: [] for s in self.specs}
+        pending_files: list[str] = []
+        held = 0
+        for name in self.files:
+            arrays = self._load_arrays(name)
+            count = next(iter(arrays.values())).shape[0]
+            start = 0
+            while start < count:
+                take = min(self.batch_size - held, count - start)
+                for key, array in arrays.items():
+                    pending[key].append(array[start:start + take])
+                pending_files.append(name)
+                held += take
+                start += take
+                if held == self.batch_size:
+                    yield self._finish(self._concatenate(pending, pending_files))
+                    pending = {s.name: [] for s in self.specs}
+                    pending_files, held = [], 0
+        if held:
+            yield self._finish(self._concatenate(pending, pending_files))
+
+    def _image(self, name: str) -> np.ndarray:
+        path = os.path.join(self.folder, name)
+        array = load_image(path, **self.image_options)
+        if not np.isfinite(array).all():
+            raise CalibrationDataError(f"calibration image {path!r} gives NaN or Inf after preprocessing; "
+                                       "check --mean/--std/--scale")
+        return array
+
+    def _concatenate(self, pending: dict, files: list[str]) -> dict[str, np.ndarray]:
+        try:
+            return {k: np.concatenate(v, axis=0) for k, v in pending.items()}
+        except ValueError:
+            shapes = {k: sorted({str(list(a.shape[1:])) for a in v}) for k, v in pending.items()}
+            raise CalibrationDataError(f"calibration files {sorted(set(files))} in {self.folder!r} hold samples "
+                                       f"of different shapes {shapes}; they cannot form one batch") from None
+
+    def _finish(self, arrays: dict[str, np.ndarray]):
+        return arrays[self.specs[0].name] if len(self.specs) == 1 else arrays
+
+    def describe(self) -> str:
+        """One line: how many samples, of which kind, in how many batches."""
+        kind = "images" if self.kind == "images" else f"samples from {len(self.files)} array file(s)"
+        return f"{self.samples} {kind} in {self.folder!r}, {len(self)} batch(es) of up to {self.batch_size}"
+
+    def __repr__(self) -> str:
+        return f"CalibrationFolder({self.describe()})"
+
+
+def load_calibration_folder(folder: str | os.PathLike, inputs: Any, batch_size: int = 16,
+                            image_options: Mapping[str, Any] | None = None) -> CalibrationFolder:
+    """A :class:`CalibrationFolder` (a lazily loading, re-iterable batch iterator with ``len()``)."""
+    return CalibrationFolder(folder, inputs, batch_size=batch_size, image_options=image_options)
