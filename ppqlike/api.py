@@ -89,9 +89,12 @@ class _CheckedBatches:
         return len(self.dataloader)  # type: ignore[arg-type]
 
     def __iter__(self):
-        for batch in self.dataloader:
+        for index, batch in enumerate(self.dataloader):
             batch = self.collate_fn(batch) if self.collate_fn is not None else batch
-            yield self._check(batch)
+            try:
+                yield self._check(batch)
+            except CalibrationDataError as error:
+                raise CalibrationDataError(f"calibration batch {index}: {error}") from None
 
     def _check(self, batch):
         graph = self.graph
@@ -123,7 +126,7 @@ class _CheckedBatches:
                     f"calibration input {variable.name!r} must have rank {len(declared)} (shape {declared}); "
                     f"got shape {list(array.shape)}")
             for axis, (want, got) in enumerate(zip(declared or (), array.shape)):
-                if isinstance(want, int) and want > 0 and want != got and not (axis == 0 and self.input_shape is None):
+                if axis > 0 and isinstance(want, int) and want > 0 and want != got:  # any batch size
                     raise CalibrationDataError(
                         f"calibration input {variable.name!r} must have shape {declared}; got {list(array.shape)}")
             if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
@@ -153,6 +156,11 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
         setting = QuantizationSetting.from_dict({**setting.to_dict(), "dispatcher": dispatcher})
     setting.validate()
     policy = resolve_policy(platform, setting)
+    if calib_dataloader is None or isinstance(calib_dataloader, (str, bytes, np.ndarray, dict)):
+        raise CalibrationDataError(
+            "calib_dataloader must be an iterable of batches (e.g. a list of arrays, each [N, ...] for "
+            f"single-input models, or of dicts name -> array), not {type(calib_dataloader).__name__}; "
+            "wrap a single batch in a list")
     graph = onnx_import_file if isinstance(onnx_import_file, Graph) else load_onnx_graph(onnx_import_file)
     formatting = format_for_quantization(graph, setting)
     summary = dispatch_graph(graph, platform, policy.quantizable_types, dispatcher=setting.dispatcher,
@@ -171,3 +179,21 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
         "source": os.fspath(onnx_import_file) if isinstance(onnx_import_file, (str, os.PathLike)) else None,
     }
     return graph
+
+
+def export_ppq_graph(graph: Graph, platform: TargetPlatform | str, graph_save_to, config_save_to=None,
+                     **options) -> list[str]:
+    """Write a quantized graph for ``platform``; returns the absolute paths written (model first).
+
+    Every platform gets a QDQ ONNX model at ``graph_save_to`` that onnxruntime runs and that
+    computes what the executor simulates (DESIGN.md §6); TensorRT and PPL CUDA also get
+    ``<model>.dynamic_range.json``, TPU-MLIR ``<model>_cali_table`` and ``<model>_qtable``; with
+    ``config_save_to`` every config is written as JSON (reload it with
+    ``ppqlike.export.load_quantized_graph``).  Options: ``qdq_per_consumer``,
+    ``uint8_activations`` (default: the setting's ``export_*`` values), ``opset``.  Files are
+    written atomically and never over the source model.  A platform whose rounding is not half
+    to even warns (``ppqlike.export.ExportRoundingWarning``): the QDQ model then differs from the
+    simulation on exact ties.
+    """
+    from .export.platform import export_for_platform  # layer-6 peer, imported on use
+    return export_for_platform(graph, platform, graph_save_to, config_save_to, **options)

@@ -22,12 +22,6 @@ from .core.errors import ExportError
 from .io.onnx_export import atomic_write_bytes
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _same_file(a: str, b: str) -> bool:
     if os.path.abspath(a) == os.path.abspath(b):
         return True
@@ -93,7 +87,6 @@ class OutputFolder:
                     continue
                 if any(_same_file(target, p) for p in self.protect):
                     raise ExportError(f"refusing to write {target!r}: it is the input model")
-                os.chmod(source, 0o666 & ~_umask())  # mkstemp made it 0600; give it the user's usual mode
                 os.replace(source, target)
                 moved.append(target)
         except OSError as error:

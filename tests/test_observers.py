@@ -449,3 +449,16 @@ def test_render_per_channel_writes_one_scale_per_channel():
         lo, hi = obs.thresholds()
         assert scale.shape == (6,)
         np.testing.assert_allclose(scale, np.maximum(-lo, hi) / 127.5, rtol=1e-6)
+
+
+def test_kl_keeps_the_full_range_of_discrete_data():
+    """Raw pixels take few distinct values: KL must not clip them to the first non-zero value."""
+    from ppqlike.core.quant import QuantizationPolicy, QuantizationProperty as P, TensorQuantizationConfig
+    from ppqlike.optim.observers import make_observer
+    config = TensorQuantizationConfig(QuantizationPolicy(P.PER_TENSOR | P.LINEAR | P.SYMMETRICAL), num_of_bits=8,
+                                      quant_min=-128, quant_max=127, observer_algorithm="kl", name="pixels")
+    observer = make_observer(config)
+    pixels = np.random.default_rng(0).integers(0, 17, size=(64, 1, 8, 8)).astype(np.float32) / 16 - 0.5
+    observer.observe(pixels)
+    low, high = observer.thresholds()
+    assert float(high) == pytest.approx(0.5)

@@ -117,6 +117,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, protect: tuple = ()
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp creates 0600; give the file ordinary permissions
         os.replace(temporary, path)
     except OSError as error:
         if os.path.exists(temporary):

@@ -42,7 +42,7 @@ class TargetPlatform(Enum):
             key = value.strip().upper().replace("-", "_")
             if key in cls.__members__:
                 return cls[key]
-        valid = ", ".join(cls.__members__)
+        valid = ", ".join(name for name, member in cls.__members__.items() if member not in _INTERNAL)
         raise PlatformError(f"unknown target platform {value!r}; valid names are: {valid}")
 
     @property

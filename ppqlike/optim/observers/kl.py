@@ -81,11 +81,30 @@ def kl_divergences(hist: np.ndarray, levels: int, eps: float = _EPS) -> np.ndarr
     return np.where(q_total > 0, kl, np.inf)
 
 
+def _is_discrete(hist: np.ndarray, levels: int) -> bool:
+    """True for data of few, spread-out values (raw pixels, one-hot inputs).
+
+    On such histograms a candidate P can hold all its in-range mass in one
+    bin, where P and Q agree and KL reads 0 however much is clipped.  The test:
+    fewer populated bins than ``levels``, covering under a quarter of the bins
+    up to where 99.99% of the mass lies.
+    """
+    body = hist[1:]
+    cumulative = np.cumsum(body)
+    if cumulative.size == 0 or cumulative[-1] <= 0:
+        return False
+    end = int(np.searchsorted(cumulative, 0.9999 * cumulative[-1])) + 1
+    populated = int(np.count_nonzero(body[:end]))
+    return populated <= levels and populated * 4 < end
+
+
 def kl_best_bins(hist: np.ndarray, levels: int) -> int | None:
     """The i (number of bins kept) of smallest KL divergence, or None when the histogram is shorter than ``levels``."""
     h = np.asarray(hist)
     nz = np.flatnonzero(h)
     if nz.size == 0:
+        return None
+    if _is_discrete(h, levels):
         return None
     h = h[: nz[-1] + 1]
     kl = kl_divergences(h, levels)
@@ -103,7 +122,8 @@ class KLObserver(HistogramObserver):
     or max <= 0) the whole grid spans [0, t], so the search uses all
     qmax - qmin + 1 levels (256 for uint8) instead of half of them (see
     :meth:`HistogramObserver._levels`).  When the histogram has fewer
-    non-empty bins than levels (e.g. 16-bit grids), t is the absolute maximum.
+    non-empty bins than levels (16-bit grids, or discrete data such as raw
+    pixel values), t is the absolute maximum.
     Per channel: one histogram and one search per channel.
     """
 

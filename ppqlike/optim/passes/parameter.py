@@ -1,0 +1,49 @@
+"""Parameter quantization: weights get scale and offset from their own values.
+
+Reads: INITIAL configs of parameter inputs (weights; constant operands).
+Writes: scale/offset from min-max of the value (per channel along the
+config's channel axis when the policy says), state ACTIVATED.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...core import numerics
+from ...core.ir import Graph
+from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ..base import QuantizationOptimizationPass
+from ._common import input_config, quantized_operations
+
+
+def minmax_parameter(config: TensorQuantizationConfig, value: np.ndarray) -> None:
+    """Set ``config``'s scale/offset from the min and max of ``value`` (per channel if configured)."""
+    value = np.asarray(value, dtype=np.float64)
+    if config.policy.per_channel and config.channel_axis is not None and value.ndim:
+        axes = tuple(a for a in range(value.ndim) if a != config.channel_axis % value.ndim)
+        low, high = value.min(axis=axes), value.max(axis=axes)
+    else:
+        low, high = np.array(value.min() if value.size else 0.0), np.array(value.max() if value.size else 0.0)
+    scale, offset = numerics.minmax_to_scale_offset(
+        low, high, config.quant_min, config.quant_max, symmetric=config.policy.symmetric,
+        power_of_2=config.policy.power_of_2, rounding=config.rounding)
+    config.set_scale_offset(scale, offset)
+
+
+class ParameterQuantizePass(QuantizationOptimizationPass):
+    """Quantize weights by min-max of their values."""
+
+    name = "parameter"
+
+    def optimize(self, graph: Graph, **kwargs) -> dict:
+        count = 0
+        for operation in quantized_operations(graph):
+            for index, variable in enumerate(operation.inputs):
+                config = input_config(operation, index)
+                if variable is None or not variable.is_parameter or config is None \
+                        or config.state is not QuantizationStates.INITIAL:
+                    continue
+                minmax_parameter(config, variable.value)
+                config.state = QuantizationStates.ACTIVATED
+                count += 1
+        return {"parameters": count}

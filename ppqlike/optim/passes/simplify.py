@@ -1,0 +1,50 @@
+"""Quantization point reduction: every tensor is quantized once.
+
+Reads: INITIAL configs.
+Writes OVERLAPPED:
+* a consumer's input config whose tensor its producer's output config already
+  quantizes on the same grid (or, for a graph input or a tensor of an FP32
+  op, an earlier consumer's input config) is OVERLAPPED by that config;
+* the output config of a value-preserving op (Reshape, MaxPool, Pad, ...) is
+  OVERLAPPED by its input config: its output keeps the input's scale.
+"""
+
+from __future__ import annotations
+
+from ...core.ir import Graph
+from ...core.quant import QuantizationStates
+from ...platforms.slots import VALUE_PRESERVING_TYPES
+from ..base import QuantizationOptimizationPass
+from ._common import input_config, output_config, producer_config, quantized_operations, same_grid
+
+S = QuantizationStates
+
+
+class QuantizationSimplifyPass(QuantizationOptimizationPass):
+    """Overlap repeated quantization of the same tensor."""
+
+    name = "simplify"
+
+    def optimize(self, graph: Graph, **kwargs) -> dict:
+        overlapped = 0
+        first_reader: dict[str, object] = {}
+        for operation in quantized_operations(graph):
+            for index, variable in enumerate(operation.inputs):
+                config = input_config(operation, index)
+                if variable is None or variable.is_parameter or config is None or config.state is not S.INITIAL:
+                    continue
+                master = producer_config(variable)
+                if master is None or master.state in (S.FP32, S.SOI, S.DEACTIVATED):
+                    master = first_reader.get(variable.name)
+                if master is None or master is config or not same_grid(master, config):
+                    first_reader.setdefault(variable.name, config)
+                    continue
+                config.dominated_by(master, S.OVERLAPPED)
+                overlapped += 1
+            if operation.type in VALUE_PRESERVING_TYPES:
+                source, target = input_config(operation, 0), output_config(operation)
+                if source is not None and target is not None and target.state is S.INITIAL \
+                        and same_grid(source, target):
+                    target.dominated_by(source, S.OVERLAPPED)
+                    overlapped += 1
+        return {"overlapped": overlapped}
