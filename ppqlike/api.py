@@ -19,8 +19,9 @@ from .executor import NumpyExecutor
 from .io import format as graph_format
 from .io import load_onnx_graph
 from .optim.base import DEFAULT_PASS_REGISTRY, QuantizationOptimizationPipeline
-from .optim.passes import (FusionPass, ParameterBakingPass, ParameterQuantizePass, PassiveParameterQuantizePass,
-                           QuantizationAlignmentPass, QuantizationSimplifyPass, RuntimeCalibrationPass)
+from .optim.passes import (FusionPass, IntegerRequantizationPass, ParameterBakingPass, ParameterQuantizePass,
+                           PassiveParameterQuantizePass, QuantizationAlignmentPass, QuantizationSimplifyPass,
+                           RuntimeCalibrationPass)
 from .platforms.dispatch import dispatch_graph
 from .platforms.policies import get_platform_policy
 from .platforms.quantizer import PlatformPolicy, PlatformQuantizer
@@ -57,8 +58,10 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
     passes += [ParameterQuantizePass(),
                RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0),
                QuantizationAlignmentPass(setting.concat_alignment, policy.add_alignment),
-               PassiveParameterQuantizePass(),
-               ParameterBakingPass()]
+               PassiveParameterQuantizePass()]
+    if policy.integer_requantization:
+        passes.append(IntegerRequantizationPass())
+    passes.append(ParameterBakingPass())
     return registry.apply(QuantizationOptimizationPipeline(passes))
 
 
@@ -196,4 +199,4 @@ def export_ppq_graph(graph: Graph, platform: TargetPlatform | str, graph_save_to
     simulation on exact ties.
     """
     from .export.platform import export_for_platform  # layer-6 peer, imported on use
-    return export_for_platform(graph, platform, graph_save_to, config_save_to, **options)
+    return export_for_platform(graph, platform, graph_save_to, config_save_to, stacklevel=3, **options)

@@ -20,7 +20,7 @@ import numpy as np
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from .ops import Kernel, build_kernel
-from .simulation import apply_config
+from .simulation import apply_config, apply_output_config
 
 
 class OperationHook:
@@ -244,7 +244,7 @@ class NumpyExecutor:
         config = operation.config
         if config is None:
             return results
-        return [apply_config(tqc, value) for tqc, value in
+        return [apply_output_config(tqc, value) for tqc, value in
                 zip(config.output_quantization_config, results)] + list(results[len(config.output_quantization_config):])
 
     def run_operation(self, operation: Operation, inputs: list, quantized: bool = True) -> list:

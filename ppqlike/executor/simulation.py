@@ -31,6 +31,42 @@ def apply_config(config: TensorQuantizationConfig | None, value):
     return value
 
 
+def requantize_output(config: TensorQuantizationConfig, value):
+    """Integer requantization of a computing op's output (``detail['requantization']``, TPU style).
+
+    The float output y is turned back into its int32 accumulator
+    acc = round(y / S_acc) (exact up to float error), requantized with the
+    stored integer multiplier and right shift under the config's rounding,
+    and dequantized with the output scale.
+    """
+    import numpy as np
+
+    from ..core import numerics
+
+    facts = config.detail["requantization"]
+    axis = facts["channel_axis"] % value.ndim
+    shape = [1] * value.ndim
+    shape[axis] = -1
+    accumulator_scale = np.asarray(facts["accumulator_scale"], np.float64)
+    per_channel = accumulator_scale.size > 1
+    acc = np.rint(value.astype(np.float64) / (accumulator_scale.reshape(shape) if per_channel
+                                                else accumulator_scale[0])).astype(np.int64)
+    multiplier, shift = np.asarray(facts["multiplier"]), np.asarray(facts["right_shift"])
+    q = numerics.requantize(acc, multiplier if per_channel else int(multiplier[0]),
+                            shift if per_channel else int(shift[0]), int(config.offset),
+                            config.quant_min, config.quant_max, config.rounding,
+                            channel_axis=axis if per_channel else None)
+    return numerics.dequantize(q, config.scale, config.offset)
+
+
+def apply_output_config(config: TensorQuantizationConfig | None, value):
+    """The value an op's output takes through ``config``: integer requantization where configured."""
+    if config is not None and value is not None and "requantization" in config.detail \
+            and (is_applied(config.state) or config.state is QuantizationStates.OVERLAPPED):
+        return requantize_output(config, value)
+    return apply_config(config, value)
+
+
 def iter_tensor_configs(graph: Graph) -> Iterator[tuple[Operation, str, int, Variable, TensorQuantizationConfig]]:
     """Every (op, 'input'|'output', slot, variable, config) of the graph's quantized ops."""
     for operation in graph.operations.values():

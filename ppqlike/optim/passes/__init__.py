@@ -6,7 +6,8 @@ from .calibration import RuntimeCalibrationPass
 from .fusion import FusionPass
 from .parameter import ParameterQuantizePass
 from .passive import PassiveParameterQuantizePass
+from .requantization import IntegerRequantizationPass
 from .simplify import QuantizationSimplifyPass
 
 __all__ = ["FusionPass", "QuantizationSimplifyPass", "ParameterQuantizePass", "RuntimeCalibrationPass",
-           "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass"]
+           "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass"]

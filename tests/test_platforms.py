@@ -1,0 +1,110 @@
+"""Each platform's policy shows in the configs it produces on a small graph."""
+
+import numpy as np
+import pytest
+
+import ppqlike
+from ppqlike.api import quantize_onnx_model
+from ppqlike.core import numerics
+from ppqlike.core.quant import QuantizationStates as S, RoundingPolicy
+from ppqlike.platforms.policies import PLATFORM_POLICIES
+from ppqlike.platforms.target import TargetPlatform
+from test_passes import small_model
+
+
+def quantized(platform, observer=None):
+    batches = [np.random.default_rng(i).standard_normal((2, 3, 8, 8)).astype(np.float32) for i in range(3)]
+    setting = ppqlike.setting.QuantizationSettingFactory.for_platform(platform)
+    if observer:
+        setting.activation_observer = observer
+    return quantize_onnx_model(small_model(), batches, platform=platform, setting=setting), batches
+
+
+def configs(graph):
+    return [(op, c) for op in graph.operations.values() if op.config is not None for c in op.config.all_configs()]
+
+
+def activation_roots(graph):
+    return [c for op, c in configs(graph) if c.state in (S.ACTIVATED, S.SLAVE) and c.num_of_bits == 8
+            and c.baked_value is None]
+
+
+def is_power_of_two(values):
+    exponents = np.log2(np.asarray(values, np.float64))
+    return np.allclose(exponents, np.round(exponents))
+
+
+@pytest.mark.parametrize("platform", ["TIDL_INT8", "NXP_INT8"])
+def test_power_of_two_platforms(platform):
+    graph, _ = quantized(platform)
+    scales = [c.scale for _, c in configs(graph) if c.scale is not None and c.num_of_bits == 8]
+    assert scales and all(is_power_of_two(s) for s in scales)
+    assert all(c.scale.ndim == 0 for _, c in configs(graph) if c.scale is not None and c.num_of_bits == 8)
+    expected = RoundingPolicy.ROUND_HALF_UP if platform == "NXP_INT8" else RoundingPolicy.ROUND_HALF_EVEN
+    assert all(c.rounding is expected for _, c in configs(graph))
+
+
+def test_dsp_weights_and_activations_are_asymmetric_uint8():
+    graph, _ = quantized("DSP_INT8")
+    weight = graph.operations["conv1"].config.input_quantization_config[1]
+    assert weight.state is S.BAKED and weight.scale.ndim == 0 and (weight.quant_min, weight.quant_max) == (0, 255)
+    offsets = [int(c.offset) for c in activation_roots(graph)] + [int(weight.offset)]
+    assert any(o != 0 for o in offsets)
+    add_input = graph.operations["add"].config.output_quantization_config[0]
+    assert (add_input.quant_min, add_input.quant_max) == (0, 255)
+
+
+def test_trt_weights_per_channel_symmetric_and_bias_float():
+    graph, _ = quantized("TRT_INT8")
+    conv = graph.operations["conv1"].config
+    weight = conv.input_quantization_config[1]
+    assert weight.policy.per_channel and weight.policy.symmetric and weight.scale.shape == (8,)
+    assert np.all(weight.offset == 0) and (weight.quant_min, weight.quant_max) == (-127, 127)
+    assert conv.input_quantization_config[2] is None  # TensorRT keeps the bias in float
+    assert all(int(c.offset) == 0 and c.quant_min == -128 for c in activation_roots(graph))
+
+
+def test_ort_activations_uint8_and_bias_int32():
+    graph, _ = quantized("ORT_INT8")
+    conv = graph.operations["conv1"].config
+    assert conv.input_quantization_config[2].num_of_bits == 32
+    assert conv.input_quantization_config[2].state is S.PASSIVE_BAKED
+    assert all(c.quant_min == 0 and c.quant_max == 255 for c in activation_roots(graph))
+
+
+def test_w4a8_weights_are_four_bit():
+    graph, _ = quantized("ACADEMIC_W4A8")
+    weight = graph.operations["conv1"].config.input_quantization_config[1]
+    assert weight.num_of_bits == 4 and (weight.quant_min, weight.quant_max) == (-7, 7)
+    assert len(np.unique(np.round(weight.baked_value / weight.scale[:, None, None, None]))) <= 15
+
+
+def test_tpu_requantization_is_integer_and_matches_the_formula():
+    graph, batches = quantized("TPU_INT8", observer="minmax")
+    conv = graph.operations["conv4"]  # not fused: its output config is applied
+    output = conv.config.output_quantization_config[0]
+    facts = output.detail["requantization"]
+    assert all(isinstance(m, int) for m in facts["multiplier"]) and all(isinstance(s, int) for s in facts["right_shift"])
+    assert all(r is RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO for r in [c.rounding for _, c in configs(graph)])
+    data, weight, bias = conv.config.input_quantization_config
+    # M0 / 2^rshift reproduces S_x * S_w / S_y
+    ratio = np.asarray(facts["multiplier"], np.float64) / 2.0 ** np.asarray(facts["right_shift"])
+    exact = np.float64(data.scale) * weight.scale.astype(np.float64) / np.float64(output.scale)
+    np.testing.assert_allclose(ratio, exact, rtol=2.0 ** -30)
+    # the simulated output equals the integer formula computed here from integers alone
+    executor = ppqlike.NumpyExecutor(graph)
+    conv_input, conv_output = executor.forward(batches[0], output_names=["cat", "c4"])
+    q_x = data.quantize(conv_input).astype(np.int64)
+    q_w = np.rint(weight.baked_value / weight.scale[:, None, None, None]).astype(np.int64)
+    q_b = np.rint(bias.baked_value / bias.scale).astype(np.int64)
+    acc = np.einsum("nchw,oc->nohw", q_x, q_w[:, :, 0, 0]) + q_b[None, :, None, None]
+    expected_q = numerics.requantize(acc, np.asarray(facts["multiplier"]), np.asarray(facts["right_shift"]), 0,
+                                     output.quant_min, output.quant_max, output.rounding, channel_axis=1)
+    np.testing.assert_array_equal(output.quantize(conv_output), expected_q)
+
+
+def test_every_platform_has_a_policy_and_quantizes():
+    assert set(PLATFORM_POLICIES) == {p for p in TargetPlatform if p.is_quantized}
+    for platform in PLATFORM_POLICIES:
+        graph, batches = quantized(platform.name, observer="minmax")
+        assert np.isfinite(ppqlike.NumpyExecutor(graph).forward(batches[0])[0]).all()
