@@ -1,3 +1,57 @@
-"""Kernels of the linear op family."""
+"""Kernels of the linear family: Gemm and MatMul.
 
-KERNELS: dict = {}
+Gemm: ``Y = alpha * A' @ B' + beta * C`` with ``A'``/``B'`` optionally
+transposed and ``C`` optional and broadcast to [M, N] (the unidirectional
+rule).  MatMul follows numpy's matmul exactly (1-D operands, batch
+broadcasting), which is ONNX's definition.  Results keep the input dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Kernel, attribute, unsupported
+
+
+def _build_gemm(op, opset: int) -> Kernel:
+    alpha = float(attribute(op, "alpha", 1.0))
+    beta = float(attribute(op, "beta", 1.0))
+    trans_a = int(attribute(op, "transA", 0))
+    trans_b = int(attribute(op, "transB", 0))
+
+    def kernel(inputs):
+        a, b = inputs[0], inputs[1]
+        c = inputs[2] if len(inputs) > 2 else None
+        if a.ndim != 2 or b.ndim != 2:
+            raise unsupported(op, f"Gemm of operands of rank {a.ndim} and {b.ndim} (both must be 2-D)")
+        a = a.T if trans_a else a
+        b = b.T if trans_b else b
+        if a.shape[1] != b.shape[0]:
+            raise unsupported(op, f"Gemm of shapes {list(a.shape)} and {list(b.shape)} after transposition")
+        dtype = np.result_type(a.dtype, b.dtype)
+        y = np.matmul(a, b)
+        if alpha != 1.0:
+            np.multiply(y, np.asarray(alpha).astype(dtype), out=y, casting="unsafe")
+        if c is not None and beta != 0.0:
+            shape = (a.shape[0], b.shape[1])
+            if np.broadcast_shapes(c.shape, shape) != shape:
+                raise unsupported(op, f"Gemm bias of shape {list(c.shape)} does not broadcast to {list(shape)}")
+            term = c if beta == 1.0 else c * np.asarray(beta).astype(c.dtype)
+            np.add(y, term, out=y, casting="unsafe")
+        return [y.astype(dtype, copy=False)]
+    return kernel
+
+
+def _build_matmul(op, opset: int) -> Kernel:
+    def kernel(inputs):
+        a, b = inputs[0], inputs[1]
+        if a.ndim == 0 or b.ndim == 0:
+            raise unsupported(op, "MatMul of a scalar (operands must have rank 1 or more)")
+        return [np.asarray(np.matmul(a, b))]
+    return kernel
+
+
+KERNELS: dict = {
+    "Gemm": _build_gemm,
+    "MatMul": _build_matmul,
+}

@@ -1,0 +1,324 @@
+"""Throughput of ppqlike's NumpyExecutor against onnxruntime on the shared models.
+
+    python bench/executor_speed.py                    # whole models, batch 16, 2 threads
+    python bench/executor_speed.py --per-layer        # every Conv alone: where the time goes
+    python bench/executor_speed.py --models mobilenetv2 --iterations 5 --threads 2
+
+Both sides get the same number of threads, T (``--threads``, default 2):
+onnxruntime through ``intra_op_num_threads`` (and ``inter_op_num_threads``);
+numpy in one of two ways (``--numpy-threading``):
+
+* ``pool`` (default): OpenBLAS single-threaded (``OPENBLAS_NUM_THREADS=1``)
+  and ppqlike's conv kernels spread their independent work (the images of a
+  1x1 GEMM, depthwise chunks, patch matrices) on T Python threads
+  (``PPQLIKE_NUM_THREADS=T``).  Measured the faster of the two on 2-vCPU
+  machines, and it degrades gracefully when another process takes a core.
+* ``openblas``: OpenBLAS with T threads inside each GEMM
+  (``OPENBLAS_NUM_THREADS=T``), the rest single-threaded.  OpenBLAS's
+  spin-waiting threads collapse when the cores are oversubscribed (seen: 34
+  1x1 convs taking 2 s instead of 60 ms while other jobs ran).
+
+These variables are read when numpy loads, so this script sets them before
+importing numpy.  ``OPENBLAS_CORETYPE``: an environment that already sets it
+(the project's CI pins ``Haswell``) keeps it; otherwise AVX-512 CPUs get
+``SkylakeX`` (OpenBLAS's runtime detection may pick its AVX2 kernels on new
+CPUs, at half the GEMM speed); ``--openblas-coretype`` overrides both
+(``none``: OpenBLAS's own choice).
+
+Timings on a shared machine are noisy: the two sides are timed interleaved,
+run by run, and the best run of each is reported, with the ratio
+ours/onnxruntime in throughput (higher is better; 1.0 = as fast).  The
+interleaved onnxruntime session does not spin its idle threads (spinning
+threads steal the cores from the executor timed next: a depthwise conv right
+after an onnxruntime run measured 290 ms instead of 5 ms); onnxruntime with its
+default spinning is then timed alone, and the better of the two is reported.
+
+The models live in ``<repo>/../shared/bench/models`` (``--bench-dir`` to
+override); the script exits with a clear message when they are absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = {  # name: (file, input name, image preprocessing options of ppqlike.io.images)
+    "mobilenetv2": ("mobilenetv2.onnx", "input",
+                    dict(scale=1 / 255, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))),
+    "efficientnet_lite0": ("efficientnet_lite0.onnx", "input", dict(mean=127.0, std=128.0)),
+    "squeezenet1.1": ("squeezenet1.1.onnx", "data_0", dict(mean=(103.94, 116.78, 123.68), bgr=True)),
+}
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bench-dir", default=str(REPO.parent / "shared" / "bench"),
+                        help="folder holding models/ and images/ (default: ../shared/bench from the repo root)")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2, help="threads of each side (default 2)")
+    parser.add_argument("--numpy-threading", choices=("pool", "openblas"), default="pool",
+                        help="pool: OpenBLAS 1 thread, ppqlike's kernels on --threads threads (default); "
+                             "openblas: OpenBLAS --threads threads, ppqlike's kernels 1")
+    parser.add_argument("--iterations", type=int, default=5, help="timed runs of each side (default 5)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--per-layer", action="store_true",
+                        help="time every Conv of the models alone, ours against onnxruntime's")
+    parser.add_argument("--random", action="store_true", help="random inputs instead of real images")
+    parser.add_argument("--openblas-coretype", default="auto",
+                        help="OPENBLAS_CORETYPE to set ('auto': SkylakeX on AVX-512 CPUs; 'none': leave it)")
+    parser.add_argument("--verbose", action="store_true", help="per-layer mode: print every layer")
+    return parser.parse_args()
+
+
+def _cpu_has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags
+    except OSError:
+        pass
+    return False
+
+
+def _configure_threads(args) -> str:
+    """Set the thread and OpenBLAS variables; must run before numpy is imported."""
+    if "numpy" in sys.modules:
+        raise RuntimeError("numpy was imported before the thread settings were made")
+    blas, pool = (1, args.threads) if args.numpy_threading == "pool" else (args.threads, 1)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(blas)
+    os.environ["PPQLIKE_NUM_THREADS"] = str(pool)
+    coretype = args.openblas_coretype
+    if coretype == "auto":
+        coretype = os.environ.get("OPENBLAS_CORETYPE") or ("SkylakeX" if _cpu_has_avx512() else "none")
+    if coretype.lower() != "none":
+        os.environ["OPENBLAS_CORETYPE"] = coretype
+    else:
+        os.environ.pop("OPENBLAS_CORETYPE", None)
+    return coretype
+
+
+def main() -> int:
+    args = _parse()
+    bench_dir = Path(args.bench_dir)
+    missing = [MODELS[m][0] for m in args.models if not (bench_dir / "models" / MODELS[m][0]).is_file()]
+    if missing:
+        print(f"error: the shared benchmark models are not in {bench_dir / 'models'} (missing: "
+              f"{', '.join(missing)}); pass --bench-dir pointing at the folder that holds models/ "
+              "(see ../shared/bench/README.md)", file=sys.stderr)
+        return 2
+    coretype = _configure_threads(args)
+    sys.path.insert(0, str(REPO))
+    import numpy as np
+    import onnxruntime
+
+    from ppqlike.executor.ops import _conv_fast
+    blas = _blas_description(np)
+    print(f"threads: onnxruntime intra=inter={args.threads}; numpy: OpenBLAS {os.environ['OPENBLAS_NUM_THREADS']} "
+          f"({blas}, OPENBLAS_CORETYPE={coretype}), ppqlike kernels {_conv_fast.num_threads()} "
+          f"(--numpy-threading {args.numpy_threading})")
+    print(f"onnxruntime {onnxruntime.__version__}, numpy {np.__version__}, batch {args.batch}, "
+          f"{args.iterations} timed runs each, best run reported\n")
+    for name in args.models:
+        if args.per_layer:
+            _per_layer(name, bench_dir, args)
+        else:
+            _whole_model(name, bench_dir, args)
+    return 0
+
+
+def _blas_description(np) -> str:
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "threadpoolctl absent: kernel unknown"
+    for entry in threadpool_info():
+        if entry.get("user_api") == "blas":
+            return f"{entry.get('internal_api')} {entry.get('version')} {entry.get('architecture')} kernels"
+    return "no BLAS found"
+
+
+# ----------------------------------------------------------------- helpers --
+def _ort_session(model_bytes: bytes, threads: int, spinning: bool = False):
+    """An onnxruntime CPU session.  Without ``spinning`` its idle worker threads sleep at once instead of
+    busy-waiting for the next run, which would otherwise steal the cores from whatever runs next
+    (measured: a depthwise conv right after an onnxruntime run took 290 ms instead of 5 ms)."""
+    import onnxruntime
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = threads
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return onnxruntime.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+
+
+def _interleaved(functions: dict, iterations: int, warmup: int) -> dict:
+    """Best wall time of each function, timed in turns."""
+    import time
+    for function in functions.values():
+        for _ in range(warmup):
+            function()
+    best = {name: float("inf") for name in functions}
+    for _ in range(iterations):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def _inputs(name: str, bench_dir: Path, args, np):
+    file, input_name, options = MODELS[name]
+    if not args.random:
+        try:
+            from ppqlike.io.images import load_image_folder
+            images, _ = load_image_folder(bench_dir / "images" / "dev", limit=args.batch, **options)
+            if len(images) == args.batch:
+                return input_name, np.ascontiguousarray(images, dtype=np.float32), "real dev images"
+        except Exception as error:  # Pillow absent, folder absent: fall back to noise
+            print(f"  (real images unavailable: {error}; using random input)")
+    rng = np.random.default_rng(0)
+    return input_name, rng.standard_normal((args.batch, 3, 224, 224)).astype(np.float32), "random input"
+
+
+# ------------------------------------------------------------- whole model --
+def _whole_model(name: str, bench_dir: Path, args) -> None:
+    import numpy as np
+    import ppqlike
+
+    path = bench_dir / "models" / MODELS[name][0]
+    input_name, batch, source = _inputs(name, bench_dir, args, np)
+    session = _ort_session(path.read_bytes(), args.threads)
+    try:
+        executor = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(str(path)))
+    except ppqlike.PPQLikeError as error:
+        print(f"{name}: the executor cannot run it yet: {error}\n")
+        return
+    ours = executor.forward({input_name: batch})[0]
+    theirs = session.run(None, {input_name: batch})[0]
+    best = _interleaved({"ppqlike": lambda: executor.forward({input_name: batch}),
+                         "onnxruntime": lambda: session.run(None, {input_name: batch})},
+                        args.iterations, args.warmup)
+    # onnxruntime's default (spinning worker threads) timed alone, last: it may be faster; keep its best
+    spinning = _ort_session(path.read_bytes(), args.threads, spinning=True)
+    best["onnxruntime"] = min(best["onnxruntime"], _interleaved(
+        {"ort": lambda: spinning.run(None, {input_name: batch})}, args.iterations, args.warmup)["ort"])
+    del spinning
+    rate = {k: args.batch / v for k, v in best.items()}
+    difference = np.abs(ours.astype(np.float64) - theirs) / max(float(np.abs(theirs).max()), 1e-30)
+    agree = float(np.mean(ours.argmax(-1) == theirs.argmax(-1))) if ours.ndim == 2 else float("nan")
+    print(f"{name} ({source}, batch {args.batch}):")
+    print(f"  ppqlike     {rate['ppqlike']:8.1f} images/s  ({best['ppqlike'] * 1e3:7.1f} ms/batch)")
+    print(f"  onnxruntime {rate['onnxruntime']:8.1f} images/s  ({best['onnxruntime'] * 1e3:7.1f} ms/batch)")
+    print(f"  ratio ppqlike/onnxruntime {rate['ppqlike'] / rate['onnxruntime']:.2f}; "
+          f"max |difference| / max |output| = {difference.max():.2e}; top-1 agreement {agree:.3f}\n")
+
+
+# --------------------------------------------------------------- per layer --
+def _conv_layers(path: Path, image):
+    """Every Conv of the model: (name, its input for ``image`` [1, ...], weight, bias, attributes).
+
+    The model runs once in onnxruntime on one image with every Conv input
+    exposed, so that each layer is later timed on a real activation (zero
+    borders from explicit Pad ops included), repeated to the batch size.
+    """
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    wanted = sorted({name for n in convs for name in n.input if name and name not in initializers})
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    for name in wanted:
+        if name not in known:
+            probe.graph.output.append(helper.make_empty_tensor_value_info(name))
+    session = _ort_session(probe.SerializeToString(), 1)
+    feed = {session.get_inputs()[0].name: image}
+    values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
+    values.update(initializers)
+    layers = []
+    for index, node in enumerate(convs):
+        weight = np.asarray(values[node.input[1]], np.float32)
+        bias = np.asarray(values[node.input[2]], np.float32) if len(node.input) > 2 and node.input[2] else None
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        layers.append((node.name or f"conv_{index}", np.asarray(values[node.input[0]], np.float32),
+                       weight, bias, attributes))
+    return layers
+
+
+def _layer_kind(x_shape, weight, attributes) -> str:
+    group = int(attributes.get("group", 1))
+    if group == 1:
+        return "pointwise" if weight.shape[2:] == (1, 1) else "dense"
+    return "depthwise" if group == x_shape[1] and weight.shape[1] == 1 else "grouped"
+
+
+def _per_layer(name: str, bench_dir: Path, args) -> None:
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+    import ppqlike
+
+    path = bench_dir / "models" / MODELS[name][0]
+    _, images, source = _inputs(name, bench_dir, args, np)
+    layers = _conv_layers(path, images[:1])
+    totals: dict = {}
+    print(f"{name}: {len(layers)} Conv layers at batch {args.batch} (activations of one image, {source}, "
+          f"repeated)")
+    for layer_name, x_one, weight, bias, attributes in layers:
+        x_shape = (args.batch,) + x_one.shape[1:]
+        inits = [numpy_helper.from_array(weight, "W")]
+        inputs = ["X", "W"]
+        if bias is not None:
+            inits.append(numpy_helper.from_array(bias, "B"))
+            inputs.append("B")
+        node = helper.make_node("Conv", inputs, ["Y"], **attributes)
+        graph = helper.make_graph([node], "layer", [helper.make_tensor_value_info("X", 1, list(x_shape))],
+                                  [helper.make_tensor_value_info("Y", 1, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 10
+        model = onnx.shape_inference.infer_shapes(model)
+        session = _ort_session(model.SerializeToString(), args.threads)
+        executor = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(model))
+        x = np.ascontiguousarray(np.repeat(x_one, args.batch, axis=0))
+        ours, theirs = executor.forward({"X": x})[0], session.run(None, {"X": x})[0]
+        error = float(np.abs(ours - theirs).max() / max(float(np.abs(theirs).max()), 1e-30))
+        best = _interleaved({"ours": lambda: executor.forward({"X": x}),
+                             "ort": lambda: session.run(None, {"X": x})}, args.iterations, args.warmup)
+        spinning = _ort_session(model.SerializeToString(), args.threads, spinning=True)
+        best["ort"] = min(best["ort"], _interleaved({"ort": lambda: spinning.run(None, {"X": x})},
+                                                    args.iterations, args.warmup)["ort"])
+        del spinning
+        kind = _layer_kind(x_shape, weight, attributes)
+        entry = totals.setdefault(kind, [0.0, 0.0, 0])
+        entry[0] += best["ours"]
+        entry[1] += best["ort"]
+        entry[2] += 1
+        if args.verbose:
+            print(f"  {kind:9s} x{list(x_shape)} w{list(weight.shape)} s{attributes.get('strides', [1, 1])}: "
+                  f"ours {best['ours'] * 1e3:7.2f} ms  ort {best['ort'] * 1e3:7.2f} ms  "
+                  f"ours/ort time {best['ours'] / best['ort']:5.2f}  rel.err {error:.1e}")
+    ours_total = sum(v[0] for v in totals.values())
+    ort_total = sum(v[1] for v in totals.values())
+    for kind, (ours_time, ort_time, count) in sorted(totals.items()):
+        print(f"  {kind:9s} {count:3d} layers: ours {ours_time * 1e3:8.1f} ms  ort {ort_time * 1e3:8.1f} ms  "
+              f"time ratio ours/ort {ours_time / ort_time:5.2f}")
+    print(f"  all convs     : ours {ours_total * 1e3:8.1f} ms  ort {ort_total * 1e3:8.1f} ms  "
+          f"time ratio ours/ort {ours_total / ort_total:5.2f} (throughput ratio {ort_total / ours_total:.2f})\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Gemm and MatMul against onnxruntime."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from onnx_helpers import assert_matches_onnxruntime
+
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def _data(*shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([0, 1], [0, 1])))
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (0.5, 2.0), (-1.5, 0.0)])
+def test_gemm_transpositions_and_scales(trans_a, trans_b, alpha, beta):
+    m, k, n = 5, 7, 4
+    a = _data(*((k, m) if trans_a else (m, k)), seed=1)
+    b = _data(*((n, k) if trans_b else (k, n)), seed=2)
+    c = _data(m, n, seed=3)
+    assert_matches_onnxruntime("Gemm", {"a": a, "b": b, "c": c},
+                               {"transA": trans_a, "transB": trans_b, "alpha": alpha, "beta": beta},
+                               initializers={"b", "c"}, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("c_shape", [(), (1,), (4,), (1, 4), (5, 1), (5, 4), None])
+@pytest.mark.parametrize("beta", [1.0, 0.25])
+def test_gemm_bias_broadcast(c_shape, beta):
+    inputs = {"a": _data(5, 3, seed=4), "b": _data(3, 4, seed=5),
+              "c": None if c_shape is None else _data(*c_shape, seed=6)}
+    assert_matches_onnxruntime("Gemm", inputs, {"beta": beta}, initializers={"b"}, rtol=RTOL, atol=ATOL)
+
+
+def test_gemm_classifier_head_shape():
+    # the EfficientNet head: [N, 1280] x [1000, 1280]^T + [1000]
+    inputs = {"a": _data(3, 64, seed=7), "b": _data(10, 64, seed=8), "c": _data(10, seed=9)}
+    assert_matches_onnxruntime("Gemm", inputs, {"transB": 1}, initializers={"b", "c"}, rtol=RTOL, atol=ATOL)
+
+
+def test_gemm_float64():
+    inputs = {"a": _data(4, 3, dtype=np.float64), "b": _data(3, 2, seed=1, dtype=np.float64)}
+    assert_matches_onnxruntime("Gemm", inputs, {"alpha": 2.0}, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((3, 4), (4, 5)),
+    ((4,), (4, 5)),
+    ((3, 4), (4,)),
+    ((4,), (4,)),
+    ((2, 3, 4), (4, 5)),
+    ((4,), (2, 4, 5)),
+    ((2, 3, 4), (2, 4, 5)),
+    ((2, 1, 3, 4), (6, 4, 5)),
+    ((1, 3, 4), (2, 2, 4, 5)),
+])
+def test_matmul_shapes(a_shape, b_shape):
+    inputs = {"a": _data(*a_shape, seed=10), "b": _data(*b_shape, seed=11)}
+    assert_matches_onnxruntime("MatMul", inputs, rtol=RTOL, atol=ATOL)
+
+
+def test_matmul_weight_initializer_and_int32():
+    assert_matches_onnxruntime("MatMul", {"a": _data(2, 5, 8), "b": _data(8, 3, seed=1)},
+                               initializers={"b"}, rtol=RTOL, atol=ATOL)
+    ints = {"a": np.arange(12, dtype=np.int32).reshape(3, 4), "b": np.arange(8, dtype=np.int32).reshape(4, 2)}
+    assert_matches_onnxruntime("MatMul", ints, exact=True)
