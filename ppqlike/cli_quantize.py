@@ -13,6 +13,7 @@ from .core.errors import CalibrationDataError, ModelLoadError, PlatformError, PP
 from .platforms.target import QUANTIZED_PLATFORMS, TargetPlatform
 
 SUMMARY_NAME = "summary.json"
+REPORT_NAME = "report.html"
 
 DESCRIPTION = """\
 Quantize MODEL.onnx for a target platform, calibrating on a folder of images or
@@ -21,6 +22,9 @@ of .npy/.npz arrays, and write into --out:
   <stem>.<platform>.onnx   the quantized model (QDQ ONNX), e.g. mobilenetv2.trt_int8.onnx
   <stem>.<platform>.json   every tensor's quantization parameters (scales, offsets, bits, states)
   summary.json             ops on TARGET / FP32 / SOI, times, peak memory, the files written
+  report.html              one offline page: settings, dispatch, per-op error chart (graph-wise SNR on
+                           the first calibration batch), FP32 / float IR / simulation / exported
+                           comparison, what each pass did
   (platform extras)        whatever the platform's exporter writes beside the model
 
 Files are written whole or not at all (temporary name, then rename); if
@@ -218,7 +222,8 @@ def run_quantize(args: argparse.Namespace) -> int:
     model_name = args.model_name or f"{stem}.{platform.name.lower()}.onnx"
     if os.path.basename(model_name) != model_name or not model_name:
         raise PPQLikeError(f"--model-name {model_name!r} must be a plain file name, not a path")
-    names = {"model": model_name, "config": f"{os.path.splitext(model_name)[0]}.json", "summary": SUMMARY_NAME}
+    names = {"model": model_name, "config": f"{os.path.splitext(model_name)[0]}.json", "summary": SUMMARY_NAME,
+             "report": REPORT_NAME}
     output = OutputFolder(args.out, protect=(model,))
     output.check(list(names.values()))
     setting = build_setting(args, platform)
@@ -239,14 +244,20 @@ def run_quantize(args: argparse.Namespace) -> int:
                    "batch_size": data.batch_size, "batches": len(data),
                    "batches_used": args.calib_steps or len(data), "skipped_files": data.skipped,
                    "description": data.describe()}
-    summary = export_folder(graph, platform, output, names, model, started, calibration)
+    summary = export_folder(graph, platform, output, names, model, started, calibration, report_data=data,
+                            verbose=not args.quiet)
     from .cli_output import print_summary
     print_summary(summary)
     return 0
 
 
-def export_folder(graph, platform, output, names: dict, source: str, started: float, calibration=None) -> dict:
-    """Export ``graph`` into ``output`` (whole or nothing) with a summary.json; returns the summary."""
+def export_folder(graph, platform, output, names: dict, source: str, started: float, calibration=None,
+                  report_data=None, verbose: bool = False) -> dict:
+    """Export ``graph`` into ``output`` (whole or nothing) with a summary.json; returns the summary.
+
+    With a ``'report'`` entry in ``names`` a report.html is written too, its analyses run on the first
+    batch of ``report_data`` (see :func:`ppqlike.analysis.quick_report`).
+    """
     from .cli_export import export_quantized, exported_states
     from .cli_output import dispatch_counts, peak_memory_mib, write_summary
 
@@ -259,17 +270,31 @@ def export_folder(graph, platform, output, names: dict, source: str, started: fl
                                      os.path.join(staging, names["config"])))
         extras = sorted(n for n in os.listdir(staging) if n not in names.values() and not n.startswith("."))
         metadata = graph.metadata.get("quantization", {})
+        report = None
+        if "report" in names:
+            from .analysis import quick_report
+            report = quick_report(os.path.join(staging, names["report"]), graph, source,
+                                  os.path.join(staging, names["model"]), report_data,
+                                  extra={"calibration": (calibration or {}).get("description"),
+                                         "exporter": info["exporter"], "export notes": info["notes"]})
+            for part, error in report["errors"].items():
+                print(f"ppqlike: warning: report: {part} failed: {error}", file=sys.stderr)
+            if verbose and report["worst"]:
+                print(f"ppqlike: report: worst op {report['worst'][0]} at {report['worst'][1]:.2f} dB SNR "
+                      f"(graph-wise, {report['seconds']:.1f} s)", file=sys.stderr)
         finished = time.perf_counter()
         summary.update({
             "model": source, "platform": platform.name, "output_dir": output.path,
             "files": {"model": output.file(names["model"]), "config": output.file(names["config"]),
-                      "summary": output.file(names["summary"]), **({"extras": [output.file(n) for n in extras]}
-                                                                     if extras else {})},
+                      "summary": output.file(names["summary"]),
+                      **({"report": output.file(names["report"])} if report else {}),
+                      **({"extras": [output.file(n) for n in extras]} if extras else {})},
             "ops": dispatch_counts(graph), "dispatcher": metadata.get("dispatch", {}).get("dispatcher"),
             "config_states": exported_states(graph), "calibration": calibration,
             "exporter": info["exporter"], "export_notes": info["notes"],
             "seconds": {"quantize": round(metadata.get("seconds", 0.0), 3),
-                        "export": round(finished - quantized_at, 3), "total": round(finished - started, 3)},
+                        "export": round(finished - quantized_at - (report["seconds"] if report else 0.0), 3),
+                        **({"report": report["seconds"]} if report else {}), "total": round(finished - started, 3)},
             "passes": [{"name": p["name"], "seconds": p["seconds"]} for p in metadata.get("passes", [])],
             "peak_memory_mib": peak_memory_mib()})
         write_summary(staging, names["summary"], summary)
