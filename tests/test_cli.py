@@ -111,7 +111,8 @@ def test_quantize_npy_folder_with_table_and_setting(tmp_path, capsys, npy_calib,
                              "--dispatch-table", table, "--observer", "minmax", "--input-shape", "1,1,8,8")
     assert code == 0, err
     assert _state(demo_copy) == before
-    assert sorted(os.listdir(out)) == ["digits.trt_int8.json", "digits.trt_int8.onnx", "summary.json"]
+    assert sorted(os.listdir(out)) == ["digits.trt_int8.dynamic_range.json", "digits.trt_int8.json",
+                                       "digits.trt_int8.onnx", "report.html", "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ops"] == {"TARGET": 10, "FP32": 1, "SOI": 0}
     assert summary["calibration"]["samples"] == 64 and summary["calibration"]["batches_used"] == 3
@@ -315,7 +316,7 @@ def test_platform_exporter_and_its_extras(tmp_path, capsys, npy_calib, demo_copy
     assert code == 0, err
     assert [(p.name, m, c) for p, m, c in calls] == [("TPU_INT8", "digits.tpu_int8.onnx", "digits.tpu_int8.json")]
     assert sorted(os.listdir(out)) == ["digits.tpu_int8.cache", "digits.tpu_int8.json", "digits.tpu_int8.onnx",
-                                       "summary.json"]
+                                       "report.html", "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["files"]["extras"] == [str(out / "digits.tpu_int8.cache")]
     assert summary["exporter"] == "ppqlike.api.export_ppq_graph"
