@@ -12,7 +12,7 @@ fake-quantized around the kernel (see ``ppqlike.executor.simulation``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -51,6 +51,13 @@ class _Step:
 class _Plan:
     steps: list
     needed_inputs: tuple
+    fusions: dict = field(default_factory=dict)   # step index of a Conv -> step index of its Relu/Clip
+
+
+#: Ops whose kernels return a fresh array (a view of a buffer they just made, at most), and
+#: activations that can then be applied in place on it.
+_FUSABLE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+_FUSABLE_ACTIVATIONS = frozenset({"Relu", "Clip"})
 
 
 class NumpyExecutor:
@@ -132,7 +139,17 @@ class NumpyExecutor:
             for i, op in enumerate(order)]
         needed_inputs = tuple(n for n in (v.name for v in graph.inputs)
                               if n in last_use or n in keep)
-        return _Plan(steps, needed_inputs)
+        position = {op.name: i for i, op in enumerate(order)}
+        fusions = {}
+        for index, operation in enumerate(order):
+            if operation.type not in _FUSABLE_PRODUCERS or len(operation.outputs) != 1:
+                continue
+            output = operation.outputs[0]
+            readers = output.consumers
+            if len(readers) == 1 and readers[0].type in _FUSABLE_ACTIVATIONS and output.name not in keep \
+                    and readers[0].inputs[0] is output and readers[0].name in position:
+                fusions[index] = position[readers[0].name]
+        return _Plan(steps, needed_inputs, fusions)
 
     # ---------------------------------------------------------- execution --
     def prepare_inputs(self, inputs: Any) -> dict[str, np.ndarray]:
@@ -188,8 +205,13 @@ class NumpyExecutor:
             if name not in values:
                 raise ExecutionError(f"graph {self.graph.name!r}: input {name!r} was not given")
         variables = self.graph.variables
-        for step in plan.steps:
+        fused_into: dict[int, object] = {}  # activation step index -> producer's pre-activation result
+        for index, step in enumerate(plan.steps):
             operation = step.operation
+            if index in fused_into:  # this activation already ran in place on its producer's result
+                for name in step.release:
+                    values.pop(name, None)
+                continue
             arguments = []
             for name in step.inputs:
                 if name is None:
@@ -211,6 +233,16 @@ class NumpyExecutor:
                 shapes = [None if a is None else list(np.shape(a)) for a in arguments]
                 raise ExecutionError(f"{operation.type} node {operation.name!r} failed on input shapes "
                                      f"{shapes}: {type(error).__name__}: {error}") from error
+            partner = plan.fusions.get(index) if not hooks else None
+            if partner is not None and self._fusable(operation, plan.steps[partner].operation, results[0]):
+                activation = plan.steps[partner]
+                results = self._activate_in_place(activation, results[0], values, variables)
+                fused_into[partner] = True
+                for name, value in zip(activation.outputs, results):
+                    values[name] = value
+                for name in step.release:
+                    values.pop(name, None)
+                continue
             results = self._quantize_outputs(operation, results)
             for hook in hooks:
                 replaced = hook.after_operation(operation, arguments, results)
@@ -231,6 +263,40 @@ class NumpyExecutor:
     __call__ = forward
 
     # ---------------------------------------------------- quant simulation --
+    @staticmethod
+    def _fusable(producer: Operation, activation: Operation, value) -> bool:
+        """True when running ``activation`` in place on ``producer``'s raw result changes nothing observable."""
+        if producer.type in ("Gemm", "MatMul") and not value.flags.owndata:
+            return False
+        if not isinstance(value, np.ndarray) or not value.flags.writeable or value.dtype.kind != "f":
+            return False
+        between = []
+        if producer.config is not None:
+            between.append(producer.config.output_quantization_config[0]
+                           if producer.config.output_quantization_config else None)
+        if activation.config is not None:
+            between.append(activation.config.input_quantization_config[0]
+                           if activation.config.input_quantization_config else None)
+        return all(c is None or (apply_config(c, value) is value and "requantization" not in c.detail)
+                   for c in between)
+
+    def _activate_in_place(self, step: _Step, value: np.ndarray, values: dict, variables: dict) -> list:
+        """Apply a Relu/Clip step to ``value`` in place, then its output quantization."""
+        activation = step.operation
+        arguments = [value] + [None if n is None else (values[n] if n in values else variables[n].value)
+                               for n in step.inputs[1:]]
+        arguments = self._quantize_inputs(activation, arguments)
+        if activation.type == "Relu":
+            np.maximum(value, 0, out=value)
+        else:
+            low = None if len(arguments) < 2 or arguments[1] is None else arguments[1]
+            high = None if len(arguments) < 3 or arguments[2] is None else arguments[2]
+            if self.graph.opset < 11:
+                low, high = activation.attributes.get("min"), activation.attributes.get("max")
+            if low is not None or high is not None:
+                np.clip(value, low, high, out=value)
+        return self._quantize_outputs(activation, [value])
+
     @staticmethod
     def _quantize_inputs(operation: Operation, arguments: list) -> list:
         config = operation.config

@@ -1,0 +1,130 @@
+"""NumpyExecutor behaviour: inputs, requested outputs, hooks, freeing, errors before data runs."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ppqlike
+from onnx_helpers import make_model, run_onnxruntime
+from ppqlike.core.errors import ExecutionError, UnsupportedOperationError
+
+
+def chain_model():
+    """x -> Conv -> Relu -> Add(x-branch Conv) -> y, plus a second input z added at the end."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 2, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "z"], ["y"], name="add")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 5, 5]),
+              helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, "C", 1, 1])]
+    return make_model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 5, 5])], [w])
+
+
+def feeds():
+    rng = np.random.default_rng(1)
+    return {"x": rng.standard_normal((3, 2, 5, 5)).astype(np.float32),
+            "z": rng.standard_normal((1, 4, 1, 1)).astype(np.float32)}
+
+
+def test_forward_matches_onnxruntime_and_accepts_lists():
+    executor = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(chain_model()))
+    expected = run_onnxruntime(chain_model(), feeds())[0]
+    np.testing.assert_allclose(executor.forward(feeds())[0], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(executor.forward([feeds()["x"], feeds()["z"]])[0], expected, rtol=1e-5, atol=1e-6)
+    # float64 input is converted to the declared float32
+    as_double = {k: v.astype(np.float64) for k, v in feeds().items()}
+    assert executor.forward(as_double)[0].dtype == np.float32
+
+
+def test_intermediate_outputs_and_hooks_see_every_op():
+    executor = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(chain_model()))
+    seen = []
+
+    class Hook(ppqlike.OperationHook):
+        def before_operation(self, operation, inputs):
+            seen.append(("before", operation.name, len(inputs)))
+
+        def after_operation(self, operation, inputs, outputs):
+            seen.append(("after", operation.name, outputs[0].shape))
+
+    c, y = executor.forward(feeds(), output_names=["c", "y"], hooks=[Hook()])
+    assert [s[:2] for s in seen] == [("before", "conv"), ("after", "conv"), ("before", "relu"), ("after", "relu"),
+                                     ("before", "add"), ("after", "add")]
+    np.testing.assert_allclose(y, np.maximum(c, 0) + feeds()["z"], rtol=1e-6)
+
+
+def test_hook_can_replace_values():
+    executor = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(chain_model()))
+
+    class Zero(ppqlike.OperationHook):
+        def after_operation(self, operation, inputs, outputs):
+            return [np.zeros_like(outputs[0])] if operation.name == "relu" else None
+
+    y = executor.forward(feeds(), hooks=[Zero()])[0]
+    np.testing.assert_array_equal(y, np.broadcast_to(feeds()["z"], y.shape))
+
+
+def test_only_needed_ops_run_and_intermediates_are_freed():
+    graph = ppqlike.load_onnx_graph(chain_model())
+    executor = ppqlike.NumpyExecutor(graph)
+    plan = executor.compile(["r"])
+    assert [s.operation.name for s in plan.steps] == ["conv", "relu"] and plan.needed_inputs == ("x",)
+    full = executor.compile()
+    released = {name for step in full.steps for name in step.release}
+    assert released == {"c", "r", "x", "z"}  # every non-output value is dropped after its last reader
+    # z is not needed for r
+    executor.forward({"x": feeds()["x"]}, output_names=["r"])
+
+
+def test_input_errors_name_the_input():
+    executor = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(chain_model()))
+    with pytest.raises(ExecutionError, match="'z' was not given"):
+        executor.forward({"x": feeds()["x"]})
+    with pytest.raises(ExecutionError, match="rank 4"):
+        executor.forward({"x": feeds()["x"][0], "z": feeds()["z"]})
+    with pytest.raises(ExecutionError, match="no input named"):
+        executor.forward({**feeds(), "q": feeds()["z"]})
+    with pytest.raises(ExecutionError, match="2 inputs"):
+        executor.forward(feeds()["x"])
+    with pytest.raises(ExecutionError, match="no tensor named 'nope'"):
+        executor.forward(feeds(), output_names=["nope"])
+
+
+def test_kernel_failure_names_the_node():
+    executor = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(chain_model()))
+    bad = dict(feeds(), z=np.ones((1, 3, 1, 1), np.float32))  # does not broadcast against 4 channels
+    with pytest.raises(ExecutionError, match="Add node 'add' failed"):
+        executor.forward(bad)
+
+
+def test_unknown_op_fails_at_plan_time_with_type_node_and_domain():
+    node = helper.make_node("FancyOp", ["x"], ["y"], name="fancy", domain="com.example")
+    model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    graph = ppqlike.load_onnx_graph(model)
+    with pytest.raises(UnsupportedOperationError, match=r"'fancy'.*'FancyOp'.*'com.example'"):
+        ppqlike.NumpyExecutor(graph)
+
+
+def test_outputs_never_alias_parameters():
+    weight = numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")
+    nodes = [helper.make_node("Identity", ["w"], ["y"], name="id"), helper.make_node("Relu", ["x"], ["r"], name="r")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]),
+                        helper.make_tensor_value_info("r", TensorProto.FLOAT, [4])], [weight])
+    graph = ppqlike.load_onnx_graph(model)
+    y, _ = ppqlike.NumpyExecutor(graph).forward(np.zeros(4, np.float32))
+    y[:] = -1
+    np.testing.assert_array_equal(graph.variables["w"].value, np.arange(4))
+
+
+def test_plan_is_rebuilt_after_graph_edits():
+    graph = ppqlike.load_onnx_graph(chain_model())
+    executor = ppqlike.NumpyExecutor(graph)
+    before = executor.forward(feeds())[0]
+    relu = graph.operations["relu"]
+    graph.bypass_operation(relu)
+    after = executor.forward(feeds())[0]
+    assert not np.array_equal(before, after) and (after < feeds()["z"].max() + 1e-6).any()
