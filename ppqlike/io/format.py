@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 
 from ..core.ir import Graph, Operation
 from .fold import fold_batchnorm, fold_bias_add
+from .fold_pad import fold_pad_into_conv
 from .format_report import FormatReport, finish_report, remove_dead_code, start_report
 from .onnx_export import operation_to_node
 from .shapes import infer_shapes, is_static, set_input_shapes
@@ -181,17 +182,19 @@ def format_graph(graph: Graph, input_shapes: Mapping[str, Sequence[int]] | None 
 
     Identity removal, constant folding (with ``input_shapes``, see
     :func:`fold_constants`), BatchNormalization folding, bias-Add folding,
-    then constant folding again if some op reads only constants.
+    zero-Pad folding into Conv pads, then constant folding again if some op
+    reads only constants.
     """
     report = remove_identity(graph)
     report = report.merge(fold_constants(graph, input_shapes))
     report = report.merge(fold_batchnorm(graph))
     report = report.merge(fold_bias_add(graph))
+    report = report.merge(fold_pad_into_conv(graph))
     if has_foldable_ops(graph):
         report = report.merge(fold_constants(graph))
     graph.check()
     return report
 
 
-__all__ = ["FormatReport", "fold_batchnorm", "fold_bias_add", "fold_constants", "format_graph",
+__all__ = ["FormatReport", "fold_batchnorm", "fold_bias_add", "fold_pad_into_conv", "fold_constants", "format_graph",
            "has_foldable_ops", "remove_dead_code", "remove_identity", "RANDOM_OPS", "UNFOLDABLE_OPS"]
