@@ -1,0 +1,91 @@
+"""Export a quantized graph for a platform: the files its policy's ``exporter`` calls for.
+
+* ``qdq_onnx`` (TensorRT, onnxruntime, DSP, TIDL, NXP, PPL CUDA, academic): the QDQ ONNX model;
+  TensorRT and PPL CUDA also get ``<model>.dynamic_range.json`` beside it.
+* ``tpu_mlir``: the QDQ ONNX model, plus ``<model>_cali_table`` and ``<model>_qtable`` beside it.
+
+With ``config_save_to`` the JSON of every config is written too.  Every file is written
+atomically; none may be the graph's source model.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from ..core.errors import ExportError
+from ..core.ir import Graph
+from ..platforms.policies import get_platform_policy
+from ..platforms.target import TargetPlatform
+from .common import source_path, warn_rounding
+from .config_json import export_config_json
+from .qdq import export_qdq_onnx
+from .tensorrt import export_tensorrt_dynamic_ranges
+from .tpu_mlir import export_tpu_mlir_tables
+
+__all__ = ["export_for_platform", "EXPORT_OPTIONS", "sidecar_paths"]
+
+#: Options of :func:`export_for_platform` (None: the graph's setting, else False / automatic).
+EXPORT_OPTIONS = ("qdq_per_consumer", "uint8_activations", "opset")
+_RANGE_PLATFORMS = (TargetPlatform.TRT_INT8, TargetPlatform.PPL_CUDA_INT8)
+
+
+def sidecar_paths(graph_save_to) -> dict[str, str]:
+    """Where the extra files go, beside the model: dynamic ranges, calibration table, qtable."""
+    base = os.path.splitext(os.path.abspath(os.fspath(graph_save_to)))[0]
+    return {"dynamic_range": base + ".dynamic_range.json", "cali_table": base + "_cali_table",
+            "qtable": base + "_qtable"}
+
+
+def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=None, stacklevel: int = 2,
+                        **options) -> list[str]:
+    """Write what ``platform``'s exporter calls for; returns the absolute paths written, model first.
+
+    Options: ``qdq_per_consumer`` and ``uint8_activations`` (default: the graph's setting
+    ``export_qdq_per_consumer`` / ``export_uint8_activations``, else False), ``opset``.
+    ``stacklevel``: where the rounding warning points (2: the caller).
+    """
+    unknown = sorted(set(options) - set(EXPORT_OPTIONS))
+    if unknown:
+        raise ExportError(f"unknown export option(s) {unknown}; valid options are {list(EXPORT_OPTIONS)}")
+    platform = TargetPlatform.parse(platform)
+    policy = get_platform_policy(platform)
+    meta = graph.metadata.get("quantization") or {}
+    if meta.get("platform") not in (None, platform.name):
+        warnings.warn(f"graph {graph.name!r} was quantized for {meta['platform']} but is exported for "
+                      f"{platform.name}: the configs are written as they are", UserWarning, stacklevel=stacklevel)
+    setting = meta.get("setting") or {}
+    per_consumer = options.get("qdq_per_consumer")
+    if per_consumer is None:
+        per_consumer = bool(setting.get("export_qdq_per_consumer") or False)
+    uint8 = options.get("uint8_activations")
+    if uint8 is None:
+        uint8 = bool(setting.get("export_uint8_activations") or False)
+    if policy.exporter not in ("qdq_onnx", "tpu_mlir"):
+        raise ExportError(f"{platform.name}'s exporter {policy.exporter!r} is unknown; ppqlike writes "
+                          "'qdq_onnx' and 'tpu_mlir'")
+    paths = [os.path.abspath(os.fspath(graph_save_to))]
+    sidecars = sidecar_paths(graph_save_to)
+    planned = [paths[0]]
+    if platform in _RANGE_PLATFORMS:
+        planned.append(sidecars["dynamic_range"])
+    if policy.exporter == "tpu_mlir":
+        planned += [sidecars["cali_table"], sidecars["qtable"]]
+    if config_save_to is not None:
+        planned.append(os.path.abspath(os.fspath(config_save_to)))
+    source = source_path(graph)
+    for path in planned:  # check every destination before writing any
+        if source is not None and os.path.abspath(source) == path:
+            raise ExportError(f"refusing to write {path!r}: it is the input model; choose another output path")
+    if len(set(planned)) != len(planned):
+        raise ExportError(f"two exported files would share a path: {planned}")
+    report = export_qdq_onnx(graph, graph_save_to, qdq_per_consumer=per_consumer, uint8_activations=uint8,
+                             opset=options.get("opset"), warn=False)
+    if platform in _RANGE_PLATFORMS:
+        paths.append(export_tensorrt_dynamic_ranges(graph, sidecars["dynamic_range"], protect=(source,)))
+    if policy.exporter == "tpu_mlir":
+        paths += export_tpu_mlir_tables(graph, sidecars["cali_table"], sidecars["qtable"], protect=(source,))
+    if config_save_to is not None:
+        paths.append(export_config_json(graph, config_save_to, protect=(source,)))
+    warn_rounding(report["rounding_mismatch"], stacklevel=stacklevel + 1)
+    return paths

@@ -1,0 +1,383 @@
+"""QDQ ONNX export: the quantized graph as an ONNX model that onnxruntime runs and that computes
+what ppqlike's executor simulates (DESIGN.md §6).
+
+Exactly the quantization the simulation applies is written, no more, no less:
+
+* an activation config the executor applies (ACTIVATED / SLAVE / PASSIVE, and an output config
+  carrying an integer requantization, TPU style, even when OVERLAPPED) becomes a
+  QuantizeLinear → DequantizeLinear pair with the config's resolved scale (float32) and zero
+  point: an output config right after the producer (one pair read by every consumer, or with
+  ``qdq_per_consumer`` one pair per consumer edge), an input config on that edge only.  A tensor
+  the simulation quantizes twice (producer output, then a consumer's ACTIVATED input) gets two
+  pairs.  OVERLAPPED configs add nothing: their master's pair is already on the tensor.
+* a parameter whose config is baked (or applied) becomes an integer initializer →
+  DequantizeLinear (axis = channel axis when per channel) that yields bit for bit the float
+  value the executor uses; Clip bounds and the Pad value (onnxruntime needs float scalars there)
+  are written as the baked float value.  A parameter read by several ops with different configs
+  gets one initializer per distinct result.
+* FP32 and SOI ops, and float parameters, are written as they are.
+
+Zero point types: uint8 for [0, 255], int8 within [-128, 127] (also fewer bits: the range then
+narrower than the type's is enforced by a Clip after the DequantizeLinear, exact), uint16/int16
+at opset 21.  ``uint8_activations`` writes int8 symmetric activations ([-128, 127], zero point
+0) as uint8 with zero point 128: the same grid and the same clamp, so the same values.
+
+QuantizeLinear rounds half to even; configs that round otherwise (TPU-MLIR: half away from
+zero) differ on exact ties, which is reported (ExportRoundingWarning and the report's
+``rounding_mismatch``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, version_converter
+
+from ..core.errors import ExportError
+from ..core.ir import Graph, Operation, Variable
+from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
+from ..executor.simulation import apply_config
+from ..io.onnx_export import MAX_IR_VERSION, atomic_write_bytes, export_onnx_model
+from .common import (config_id, is_param_slot, quantizes, rounding_mismatch, source_path, storage_type,
+                     warn_rounding)
+
+S = QuantizationStates
+
+__all__ = ["build_qdq_model", "export_qdq_onnx", "QDQ_OPSET", "FLOAT_PARAMETER_SLOTS"]
+
+#: The default-domain opset of exported models (per-channel DequantizeLinear needs 13); 16-bit needs 21.
+QDQ_OPSET = 13
+WIDE_OPSET = 21
+#: Parameter slots written as float values (already on the grid) rather than integers + DequantizeLinear.
+FLOAT_PARAMETER_SLOTS = {"Clip": (1, 2), "Pad": (2,)}
+_UNUSABLE_STATES = (S.INITIAL, S.PASSIVE_INIT, S.DEQUANTIZED)
+
+
+@dataclass
+class _Pair:
+    """The parameters of one QuantizeLinear/DequantizeLinear pair."""
+
+    scale: np.ndarray          # float32, 0-d or 1-D
+    zero_point: np.ndarray     # storage dtype, same shape
+    axis: int | None
+    clip: tuple | None         # (low, high) float32 when the range is narrower than the type
+
+
+@dataclass
+class _Builder:
+    graph: Graph
+    per_consumer: bool
+    uint8: bool
+    names: set
+    nodes: list = field(default_factory=list)
+    initializers: list = field(default_factory=list)
+    initializer_keys: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=lambda: {"activation_pairs": 0, "quantized_parameters": 0,
+                                                  "float_parameters": 0, "clips": 0, "uint8_converted": 0})
+    opset_needed: int = QDQ_OPSET
+    int8_pairs: int = 0
+    notes: list = field(default_factory=list)
+
+    def unique(self, base: str) -> str:
+        base = base or "t"
+        name, index = base, 1
+        while name in self.names:
+            name, index = f"{base}_{index}", index + 1
+        self.names.add(name)
+        return name
+
+    def constant(self, base: str, array: np.ndarray) -> str:
+        """An initializer holding ``array`` (shared with an identical one made before)."""
+        array = np.array(array, order="C")  # (ascontiguousarray would turn 0-d into 1-D)
+        key = (base, array.dtype.str, array.shape, hashlib.sha1(array.tobytes()).hexdigest())
+        name = self.initializer_keys.get(key)
+        if name is None:
+            name = self.initializer_keys[key] = self.unique(base)
+            self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    # ------------------------------------------------------------ activations
+    def pair_of(self, config: TensorQuantizationConfig, who: str) -> _Pair:
+        scale, offset, axis = _resolved(config)
+        if scale is None:
+            raise ExportError(f"{who}: config {config!r} is {config.state.name} but has no scale")
+        qmin, qmax = config.quant_min, config.quant_max
+        kind = storage_type(qmin, qmax, who=who)
+        if self.uint8 and kind.numpy == np.int8 and (qmin, qmax) == (-128, 127) and not np.any(offset):
+            kind, offset, qmin, qmax = storage_type(0, 255), offset + 128, 0, 255
+            self.counts["uint8_converted"] += 1
+        self.opset_needed = max(self.opset_needed, kind.opset)
+        self.int8_pairs += int(kind.numpy == np.int8)
+        clip = None
+        if (qmin, qmax) != (kind.low, kind.high):
+            low = (np.float32(qmin - offset) * scale).astype(np.float32)
+            high = (np.float32(qmax - offset) * scale).astype(np.float32)
+            if scale.ndim:
+                raise ExportError(f"{who}: a per-channel activation range [{qmin}, {qmax}] narrower than "
+                                  f"{kind.name} cannot be exported exactly")
+            clip = (low, high)
+        return _Pair(np.asarray(scale, np.float32), offset.astype(kind.numpy), axis, clip)
+
+    def add_pair(self, source: str, pair: _Pair, tensor: str, output: str | None = None) -> str:
+        """Q → DQ (→ Clip) after the tensor named ``source``; returns the name of the result."""
+        scale = self.constant(f"{tensor}_scale", pair.scale)
+        zero = self.constant(f"{tensor}_zero_point", pair.zero_point)
+        axis = {} if pair.axis is None else {"axis": int(pair.axis)}
+        quantized = self.unique(f"{tensor}_quantized")
+        last = output if output is not None and pair.clip is None else self.unique(f"{tensor}_dequantized")
+        self.nodes.append(helper.make_node("QuantizeLinear", [source, scale, zero], [quantized],
+                                           name=self.unique(f"{tensor}_QuantizeLinear"), **axis))
+        self.nodes.append(helper.make_node("DequantizeLinear", [quantized, scale, zero], [last],
+                                           name=self.unique(f"{tensor}_DequantizeLinear"), **axis))
+        if pair.clip is not None:
+            low, high = (self.constant(f"{tensor}_clip_{n}", v) for n, v in zip(("min", "max"), pair.clip))
+            clipped = output if output is not None else self.unique(f"{tensor}_clipped")
+            self.nodes.append(helper.make_node("Clip", [last, low, high], [clipped],
+                                               name=self.unique(f"{tensor}_Clip")))
+            self.counts["clips"] += 1
+            last = clipped
+        self.counts["activation_pairs"] += 1
+        return last
+
+    # ------------------------------------------------------------- parameters
+    def parameter(self, operation: Operation, slot: int, variable: Variable,
+                  config: TensorQuantizationConfig | None) -> str | None:
+        """The name the op reads for a parameter input (None: the raw initializer)."""
+        if config is None or not (is_applied(config.state) or is_baked(config.state)):
+            return None
+        value = np.asarray(variable.value)
+        simulated = np.asarray(apply_config(config, value))
+        who = f"parameter {variable.name!r} of {operation.type} {operation.name!r} (slot {slot})"
+        if simulated is value:  # baked without a baked value: the executor reads the float original
+            return None
+        if slot in FLOAT_PARAMETER_SLOTS.get(operation.type, ()) or not np.issubdtype(value.dtype, np.floating):
+            return self.float_parameter(variable, simulated.astype(value.dtype, copy=False))
+        integers = self.integers(config, value, simulated)
+        if integers is None:
+            self.notes.append(f"{who}: its simulated value is not on its config's grid; written as float")
+            return self.float_parameter(variable, simulated.astype(value.dtype, copy=False))
+        kind = storage_type(config.quant_min, config.quant_max, allow_int32=True, who=who)
+        self.opset_needed = max(self.opset_needed, kind.opset)
+        scale, offset, channel_axis = _resolved(config)
+        axis = {} if channel_axis is None else {"axis": int(channel_axis)}
+        base = variable.name
+        q_name = self.constant(f"{base}_quantized", integers.astype(kind.numpy))
+        s_name = self.constant(f"{base}_scale", scale)
+        z_name = self.constant(f"{base}_zero_point", np.asarray(offset).astype(kind.numpy))
+        key = ("dq", q_name, s_name, z_name, axis.get("axis"))
+        output = self.initializer_keys.get(key)
+        if output is None:
+            output = self.initializer_keys[key] = self.unique(f"{base}_dequantized")
+            self.nodes.append(helper.make_node("DequantizeLinear", [q_name, s_name, z_name], [output],
+                                               name=self.unique(f"{base}_DequantizeLinear"), **axis))
+            self.counts["quantized_parameters"] += 1
+        return output
+
+    @staticmethod
+    def integers(config: TensorQuantizationConfig, value: np.ndarray, simulated: np.ndarray) -> np.ndarray | None:
+        """Integers whose DequantizeLinear equals ``simulated`` bit for bit (None if there are none)."""
+        for candidate in (value, simulated):
+            q = config.quantize(candidate)
+            if np.array_equal(config.dequantize(q), simulated):
+                return q
+        return None
+
+    def float_parameter(self, variable: Variable, simulated: np.ndarray) -> str | None:
+        if np.array_equal(simulated, variable.value) and simulated.dtype == variable.value.dtype:
+            return None
+        self.counts["float_parameters"] += 1
+        return self.constant(f"{variable.name}_baked", simulated)
+
+
+def _resolved(config: TensorQuantizationConfig) -> tuple:
+    """(scale float32, offset int64, axis) as the simulation uses them: a one-element scale
+    without a channel axis is per tensor (0-d), as in ``ppqlike.core.numerics``."""
+    scale, offset = config.scale, config.offset
+    if scale is None:
+        return None, None, None
+    axis = config.channel_axis if scale.ndim else None
+    if scale.ndim and (axis is None or scale.ndim != 1):
+        if scale.size != 1:
+            raise ExportError(f"config {config!r}: a scale of shape {scale.shape} needs a channel axis")
+        scale, axis = scale.reshape(()), None
+    offset = np.zeros(scale.shape, np.int64) if offset is None else np.asarray(offset, np.int64)
+    if offset.shape != scale.shape:
+        offset = np.broadcast_to(offset.reshape(-1)[0] if offset.size == 1 else offset, scale.shape)
+    return np.asarray(scale, np.float32), np.asarray(offset, np.int64), axis
+
+
+def _check_states(graph: Graph) -> list[str]:
+    notes = []
+    for operation in graph.topological_sort():
+        if operation.config is None:
+            continue
+        for side, slot, config in operation.config.iter_configs():
+            variables = operation.inputs if side == "input" else operation.outputs
+            variable = variables[slot] if slot < len(variables) else None
+            if variable is None:
+                continue
+            who = config_id(operation, side, slot)
+            if is_baked(config.state) and not is_param_slot(graph, variable) and config.baked_value is not None:
+                raise ExportError(f"{who}: activation {variable.name!r} is {config.state.name}; only parameters "
+                                  "can be baked")
+            if config.state in _UNUSABLE_STATES:
+                notes.append(f"{who} ({variable.name!r}) is {config.state.name}: exported as float, as simulated")
+    return notes
+
+
+def _base_model(graph: Graph, opset: int) -> onnx.ModelProto:
+    model = export_onnx_model(graph)
+    if graph.opset < opset:
+        try:
+            model = version_converter.convert_version(model, opset)
+        except Exception as error:  # the converter raises bare RuntimeErrors
+            raise ExportError(f"cannot upgrade graph {graph.name!r} from opset {graph.opset} to {opset}: "
+                              f"{error}") from None
+    return model
+
+
+def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activations: bool = False,
+                    opset: int | None = None, check: bool = True) -> tuple[onnx.ModelProto, dict]:
+    """The QDQ ModelProto of a quantized graph, and a report.
+
+    ``opset``: the default-domain opset to write (at least 13; 21 when 16-bit types need it).
+    The report holds ``opset``, counts of pairs and parameters, ``rounding_mismatch`` (None or
+    a dict, see :func:`ppqlike.export.common.rounding_mismatch`), ``notes`` and ``tensors``
+    (graph activation name -> the ONNX tensor holding its value after its output quantization,
+    what the executor hands to consumers; with ``qdq_per_consumer`` the first consumer's copy;
+    absent for tensors no consumer reads in per-consumer mode).
+    """
+    notes = _check_states(graph)
+    builder = _Builder(graph, qdq_per_consumer, uint8_activations, set())
+    target = max(QDQ_OPSET, graph.opset, opset or 0)
+    # Decide the opset first (16-bit types need 21) with a dry run over the configs.
+    for operation in graph.operations.values():
+        for _, _, config in (operation.config.iter_configs() if operation.config is not None else ()):
+            if (is_applied(config.state) or is_baked(config.state)) and config.num_of_bits > 8 \
+                    and config.num_of_bits <= 16:
+                target = max(target, WIDE_OPSET)
+    base = _base_model(graph, target)
+    builder.names = {n for node in base.graph.node for n in list(node.input) + list(node.output) + [node.name]}
+    builder.names |= {i.name for i in base.graph.initializer} | {v.name for v in graph.variables.values()}
+    raw_initializers = {i.name: i for i in base.graph.initializer}
+    graph_outputs = {v.name for v in graph.outputs}
+    visible: dict[str, str] = {}   # activation name -> what a consumer without an input pair reads
+    raw: dict[str, str] = {}       # activation name -> the float value before its output pair
+    pending: dict[str, tuple] = {}  # per-consumer mode: activation name -> (pair, tensor) to add per edge
+    located: dict[str, str] = {}   # activation name -> ONNX tensor holding it after its output pair
+    for node in base.graph.node:
+        operation = graph.operations.get(node.name)
+        if operation is None or operation.type != node.op_type:
+            builder.nodes.append(node)  # a node the version converter added
+            continue
+        node = _copy_node(node)
+        config = operation.config
+        in_configs = config.input_quantization_config if config is not None else []
+        for slot, variable in enumerate(operation.inputs):
+            if variable is None or node.input[slot] != variable.name:
+                if variable is not None:
+                    raise ExportError(f"opset conversion changed the inputs of {operation.type} "
+                                      f"{operation.name!r}; export it at its own opset")
+                continue
+            cfg = in_configs[slot] if slot < len(in_configs) else None
+            if is_param_slot(graph, variable):
+                name = builder.parameter(operation, slot, variable, cfg)
+                if name is not None:
+                    node.input[slot] = name
+                continue
+            name = visible.get(variable.name, variable.name)
+            if variable.name in pending:
+                pair, tensor = pending[variable.name]
+                name = builder.add_pair(raw[variable.name], pair, tensor)
+                located.setdefault(variable.name, name)
+            if cfg is not None and is_applied(cfg.state):
+                name = builder.add_pair(name, builder.pair_of(cfg, config_id(operation, "input", slot)),
+                                        variable.name)
+            node.input[slot] = name
+        builder.nodes.append(node)
+        out_configs = config.output_quantization_config if config is not None else []
+        for slot, variable in enumerate(operation.outputs):
+            cfg = out_configs[slot] if slot < len(out_configs) else None
+            located[variable.name] = variable.name
+            if not quantizes(cfg, "output"):
+                continue
+            del located[variable.name]
+            pair = builder.pair_of(cfg, config_id(operation, "output", slot))
+            name = variable.name
+            if name in graph_outputs:  # the graph output is the quantized value: rename the float one
+                node.output[slot] = raw[name] = builder.unique(f"{name}_float")
+                builder.add_pair(raw[name], pair, name, output=name)
+                visible[name] = located[name] = name
+            elif qdq_per_consumer:
+                raw[name] = name
+                pending[name] = (pair, name)
+            else:
+                visible[name] = located[name] = builder.add_pair(name, pair, name)
+    notes += builder.notes
+    if target >= WIDE_OPSET and builder.int8_pairs:
+        notes.append("onnxruntime 1.31 fails to load opset-21 models with int8 activation QDQ at "
+                     "ORT_ENABLE_EXTENDED and above (its QDQS8ToU8Transformer); for onnxruntime export with "
+                     "uint8_activations=True (the same values) or disable that optimizer")
+    nodes = builder.nodes
+    initializers = builder.initializers
+    used = {n for node in nodes for n in node.input} | graph_outputs
+    initializers = [raw_initializers[n] for n in raw_initializers if n in used] + initializers
+    opset_final = max(target, builder.opset_needed)
+    if opset_final > target:  # 16-bit activations found late (only when the dry run missed a case)
+        raise ExportError(f"graph {graph.name!r} needs opset {opset_final}; pass opset={opset_final}")
+    onnx_graph = helper.make_graph(nodes, base.graph.name, list(base.graph.input), list(base.graph.output),
+                                   initializers)
+    imports = [helper.make_opsetid(e.domain, target if e.domain in ("", "ai.onnx") else e.version)
+               for e in base.opset_import]
+    model = helper.make_model(onnx_graph, opset_imports=imports, producer_name="ppqlike")
+    model.ir_version = MAX_IR_VERSION
+    mismatch = rounding_mismatch(graph)
+    meta = graph.metadata.get("quantization") or {}
+    props = {p.key: p.value for p in base.metadata_props}
+    props.update({"ppqlike.export": "qdq", "ppqlike.platform": str(meta.get("platform")),
+                  "ppqlike.matches_simulation": "no (rounding)" if mismatch else "yes"})
+    helper.set_model_props(model, props)
+    if check:
+        try:
+            onnx.checker.check_model(model)
+        except onnx.checker.ValidationError as error:
+            raise ExportError(f"the QDQ export of {graph.name!r} is not a valid ONNX model: {error}") from None
+    report = {"opset": target, "ir_version": model.ir_version, **builder.counts,
+              "qdq_per_consumer": bool(qdq_per_consumer), "uint8_activations": bool(uint8_activations),
+              "rounding_mismatch": mismatch, "notes": notes, "tensors": located}
+    return model, report
+
+
+def _copy_node(node: onnx.NodeProto) -> onnx.NodeProto:
+    new = onnx.NodeProto()
+    new.CopyFrom(node)
+    return new
+
+
+def export_qdq_onnx(graph: Graph, path: str | os.PathLike, qdq_per_consumer: bool = False,
+                    uint8_activations: bool = False, opset: int | None = None,
+                    protect: tuple = (), warn: bool = True) -> dict:
+    """Build the QDQ model of ``graph`` and write it to ``path`` atomically.
+
+    Refuses to overwrite the graph's source model (recorded by quantize_onnx_model) or any
+    path in ``protect``.  Warns (ExportRoundingWarning, unless ``warn`` is False) when the
+    platform's rounding makes the export differ from the simulation.  Returns the report of
+    :func:`build_qdq_model` plus ``path``.
+    """
+    model, report = build_qdq_model(graph, qdq_per_consumer=qdq_per_consumer,
+                                    uint8_activations=uint8_activations, opset=opset)
+    try:
+        data = model.SerializeToString()
+    except ValueError as error:
+        raise ExportError(f"cannot write {os.fspath(path)!r}: the model does not fit in one protobuf file "
+                          f"({error})") from None
+    atomic_write_bytes(path, data, protect=(source_path(graph), *protect))
+    if warn:
+        warn_rounding(report["rounding_mismatch"])
+    report["path"] = os.path.abspath(os.fspath(path))
+    return report
+

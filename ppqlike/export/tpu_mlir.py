@@ -1,0 +1,79 @@
+"""TPU-MLIR calibration table and quantize table.
+
+Calibration table (``model_deploy.py --calibration_table``): comment lines start with ``#``;
+one line per activation tensor::
+
+    # op_name    threshold    min    max
+    <tensor> <threshold> <min> <max>
+
+TPU-MLIR derives the int8 scale as ``threshold / 127``, so ``threshold = scale * 127`` gives back
+ppqlike's scale (symmetric int8, zero point 0).  ``min``/``max`` are the range observed during
+calibration when the config records one in ``config.detail`` (keys ``min``/``max``), else
+``-threshold``/``threshold``; for asymmetric configs they are the grid's ends S*(qmin-Z),
+S*(qmax-Z) and the threshold is the larger magnitude.  Tensor names are the ONNX tensor names,
+which TPU-MLIR uses as op names.
+
+Quantize table (``--quantize_table``): ``<op output tensor> <mode>`` lines, here ``F32`` for every
+op that runs in float (dispatched FP32); shape-or-index ops are left to TPU-MLIR.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.ir import Graph
+from ..platforms.target import TargetPlatform
+from .common import graph_header, tensor_configs, write_text
+from .tensorrt import amax_of
+
+__all__ = ["tpu_calibration_table", "tpu_quantize_table", "export_tpu_mlir_tables"]
+
+
+def _detail_range(detail: dict) -> tuple[float, float] | None:
+    low, high = detail.get("min"), detail.get("max")
+    if low is None or high is None:
+        return None
+    return float(np.min(low)), float(np.max(high))
+
+
+def _header(graph: Graph, what: str) -> list[str]:
+    header = graph_header(graph)
+    return [f"# {what} for TPU-MLIR, written by ppqlike {header['ppqlike_version']}",
+            f"# graph: {header['graph']}  platform: {header['platform']}  source: {header['source']}"]
+
+
+def tpu_calibration_table(graph: Graph) -> str:
+    """The calibration table text of ``graph`` (see the module docstring)."""
+    lines = _header(graph, "calibration table") + [
+        "# threshold = scale * 127 (TPU-MLIR: scale = threshold / 127)", "###", "# op_name    threshold    min    max"]
+    for name, config in tensor_configs(graph).items():
+        amax, exact = amax_of(config)
+        threshold = float(np.max(amax))
+        if exact:
+            low, high = -threshold, threshold
+        else:
+            scale = np.asarray(config.scale, np.float64)
+            offset = np.zeros(scale.shape) if config.offset is None else np.asarray(config.offset, np.float64)
+            low = float(np.min(scale * (config.quant_min - offset)))
+            high = float(np.max(scale * (config.quant_max - offset)))
+        observed = _detail_range(config.detail)
+        if observed is not None:
+            low, high = observed
+        lines.append(f"{name} {threshold!r} {low!r} {high!r}")
+    return "\n".join(lines) + "\n"
+
+
+def tpu_quantize_table(graph: Graph) -> str:
+    """The quantize table text: ``<tensor> F32`` for the outputs of every FP32 op."""
+    lines = _header(graph, "quantize table") + ["# op_name    quantize_mode"]
+    for operation in graph.topological_sort():
+        if operation.platform is TargetPlatform.FP32 or operation.platform == TargetPlatform.FP32.name:
+            lines += [f"{variable.name} F32" for variable in operation.outputs]
+    return "\n".join(lines) + "\n"
+
+
+def export_tpu_mlir_tables(graph: Graph, cali_table_path, qtable_path, protect: tuple = ()) -> list[str]:
+    """Write both tables atomically; returns their absolute paths."""
+    protect = (graph_header(graph)["source"], *protect)
+    return [write_text(cali_table_path, tpu_calibration_table(graph), protect=protect),
+            write_text(qtable_path, tpu_quantize_table(graph), protect=protect)]
