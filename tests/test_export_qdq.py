@@ -333,9 +333,8 @@ def test_unapplied_configs_are_exported_as_float(model_dir):
 
 
 def test_graph_input_read_by_two_ops_is_exported_as_simulated(tmp_path):
-    """The simplify pass overlaps the second reader's input config by the first reader's *input*
-    config; the executor applies OVERLAPPED configs to nothing, so the second Conv reads the float
-    input.  The export follows the simulation (if the executor changes, this test says so)."""
+    """The second reader of a graph input is a SLAVE of the first reader's input config: both
+    Convs read the input quantized on the same grid, in the simulation and in the export."""
     rng = np.random.default_rng(0)
     weights = [numpy_helper.from_array(rng.standard_normal((4, 3, 1, 1)).astype(np.float32), n) for n in ("w1", "w2")]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="c1"),
@@ -346,7 +345,10 @@ def test_graph_input_read_by_two_ops_is_exported_as_simulated(tmp_path):
     onnx.save(model, str(tmp_path / "two.onnx"))
     calibration = [rng.standard_normal((8, 3, 4, 4)).astype(np.float32)]
     graph = api.quantize_onnx_model(str(tmp_path / "two.onnx"), calibration, platform="TRT_INT8")
+    first, second = (graph.operations[n].config.input_quantization_config[0] for n in ("c1", "c2"))
+    assert first.state is S.ACTIVATED and second.state is S.SLAVE and second.master is first
     exported, _ = build_qdq_model(graph)
+    assert sum(n.op_type == "QuantizeLinear" and n.input[0] == "x" for n in exported.graph.node) == 2
     inputs = rng.standard_normal((16, 3, 4, 4)).astype(np.float32)
     result = verify_export(graph, inputs, model=exported, optimizations=("disable",), per_operation_inputs=inputs)
     assert result["end_to_end"]["disable"]["y"]["within_one_step"] >= 0.999

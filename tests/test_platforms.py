@@ -108,3 +108,14 @@ def test_every_platform_has_a_policy_and_quantizes():
     for platform in PLATFORM_POLICIES:
         graph, batches = quantized(platform.name, observer="minmax")
         assert np.isfinite(ppqlike.NumpyExecutor(graph).forward(batches[0])[0]).all()
+
+
+def test_dequantized_turns_off_integer_requantization_too():
+    from ppqlike.executor.simulation import dequantized
+    from onnx_helpers import run_onnxruntime
+    graph, batches = quantized("TPU_INT8", observer="minmax")
+    executor = ppqlike.NumpyExecutor(graph)
+    with dequantized(graph):
+        fp32 = executor.forward(batches[0])[0]
+    np.testing.assert_allclose(fp32, run_onnxruntime(small_model(), {"x": batches[0]})[0], rtol=1e-4, atol=1e-5)
+    assert not np.allclose(executor.forward(batches[0])[0], fp32, atol=1e-6)

@@ -3,7 +3,8 @@
 Per input or output slot of an op with an OperationQuantizationConfig:
 
 * ACTIVATED, SLAVE, PASSIVE: the value is fake-quantized with the config's
-  (possibly master's) scale and offset;
+  (possibly master's) scale and offset (a SLAVE whose master is still
+  INITIAL, during calibration, passes through);
 * BAKED, PASSIVE_BAKED: the config's ``baked_value`` replaces the parameter;
 * FP32, SOI, DEACTIVATED, DEQUANTIZED, OVERLAPPED, INITIAL, PASSIVE_INIT:
   the value passes through.
@@ -25,6 +26,8 @@ def apply_config(config: TensorQuantizationConfig | None, value):
         return value
     state = config.state
     if is_applied(state):
+        if state is QuantizationStates.SLAVE and config.master.state is QuantizationStates.INITIAL:
+            return value  # its master is not calibrated yet (during calibration): nothing to apply
         return config.fake_quantize(value)
     if is_baked(state) and config.baked_value is not None:
         return config.baked_value
@@ -59,10 +62,29 @@ def requantize_output(config: TensorQuantizationConfig, value):
     return numerics.dequantize(q, config.scale, config.offset)
 
 
+def quantizes(config: TensorQuantizationConfig | None, side: str) -> bool:
+    """Whether the executor quantizes an activation through ``config`` at run time.
+
+    Applied states do; so does an output config carrying an integer
+    requantization (TPU style) while it is OVERLAPPED by a master that is
+    itself applied (not while the graph runs dequantized).  Exporters use this
+    same rule, so the exported model quantizes exactly where the simulation does.
+    """
+    if config is None:
+        return False
+    if is_applied(config.state):
+        return True
+    if side != "output" or config.state is not QuantizationStates.OVERLAPPED or "requantization" not in config.detail:
+        return False
+    root = config
+    while root.state is QuantizationStates.OVERLAPPED and root.master is not None:
+        root = root.master
+    return is_applied(root.state)
+
+
 def apply_output_config(config: TensorQuantizationConfig | None, value):
     """The value an op's output takes through ``config``: integer requantization where configured."""
-    if config is not None and value is not None and "requantization" in config.detail \
-            and (is_applied(config.state) or config.state is QuantizationStates.OVERLAPPED):
+    if value is not None and "requantization" in getattr(config, "detail", ()) and quantizes(config, "output"):
         return requantize_output(config, value)
     return apply_config(config, value)
 

@@ -22,6 +22,7 @@ from onnx import TensorProto
 from ..core.errors import ExportError
 from ..core.ir import Graph, Operation, Variable
 from ..core.quant import QuantizationStates, RoundingPolicy, TensorQuantizationConfig, is_applied
+from ..executor import simulation
 from ..executor.simulation import iter_tensor_configs
 from ..io.onnx_export import atomic_write_bytes
 
@@ -105,14 +106,8 @@ def storage_type(quant_min: int, quant_max: int, allow_int32: bool = False, who:
 
 
 def quantizes(config: TensorQuantizationConfig | None, side: str) -> bool:
-    """Whether the executor quantizes the value through ``config`` at run time (activations):
-    applied states, and output configs that carry an integer requantization (TPU style, see
-    ``ppqlike.executor.simulation.apply_output_config``; applied even when OVERLAPPED)."""
-    if config is None:
-        return False
-    if is_applied(config.state):
-        return True
-    return side == "output" and config.state is S.OVERLAPPED and "requantization" in config.detail
+    """Whether the executor quantizes the value through ``config`` (the executor's own rule)."""
+    return simulation.quantizes(config, side)
 
 
 def requantized(config: TensorQuantizationConfig | None, side: str) -> bool:

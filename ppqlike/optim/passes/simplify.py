@@ -1,10 +1,12 @@
 """Quantization point reduction: every tensor is quantized once.
 
 Reads: INITIAL configs.
-Writes OVERLAPPED:
+Writes OVERLAPPED and SLAVE:
 * a consumer's input config whose tensor its producer's output config already
-  quantizes on the same grid (or, for a graph input or a tensor of an FP32
-  op, an earlier consumer's input config) is OVERLAPPED by that config;
+  quantizes on the same grid is OVERLAPPED by that config;
+* for a tensor that no quantized op produces (a graph input, an FP32 op's
+  output), later readers' input configs become SLAVE of the first reader's:
+  each reader applies the same grid, so the value is quantized identically;
 * the output config of a value-preserving op (Reshape, MaxPool, Pad, ...) is
   OVERLAPPED by its input config: its output keeps the input's scale.
 """
@@ -34,12 +36,16 @@ class QuantizationSimplifyPass(QuantizationOptimizationPass):
                 if variable is None or variable.is_parameter or config is None or config.state is not S.INITIAL:
                     continue
                 master = producer_config(variable)
+                # A tensor no quantized op produces (a graph input, an FP32 op's output) is quantized
+                # at its readers' inputs: the first reader's config is calibrated, and every later
+                # reader applies the same grid as its SLAVE (applied, unlike OVERLAPPED).
+                state = S.OVERLAPPED
                 if master is None or master.state in (S.FP32, S.SOI, S.DEACTIVATED):
-                    master = first_reader.get(variable.name)
+                    master, state = first_reader.get(variable.name), S.SLAVE
                 if master is None or master is config or not same_grid(master, config):
                     first_reader.setdefault(variable.name, config)
                     continue
-                config.dominated_by(master, S.OVERLAPPED)
+                config.dominated_by(master, state)
                 overlapped += 1
             if operation.type in VALUE_PRESERVING_TYPES:
                 source, target = input_config(operation, 0), output_config(operation)
