@@ -118,7 +118,7 @@ def test_quantize_npy_folder_with_table_and_setting(tmp_path, capsys, npy_calib,
     assert summary["calibration"]["samples"] == 64 and summary["calibration"]["batches_used"] == 3
     assert "10 on TRT_INT8 (TARGET), 1 FP32, 0 SOI" in stdout and str(out / "digits.trt_int8.onnx") in stdout
     config = json.loads((out / "digits.trt_int8.json").read_text())
-    assert config["quantization"]["setting"]["activation_observer"] == "minmax"  # --observer beats --setting
+    assert config["setting"]["activation_observer"] == "minmax"  # --observer beats --setting
     images, labels = load_demo_data("test")
     logits = _session(out / "digits.trt_int8.onnx").run(None, {"image": images})[0]
     assert np.mean(logits.argmax(1) == labels) > 0.95
