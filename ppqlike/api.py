@@ -19,9 +19,10 @@ from .executor import NumpyExecutor
 from .io import format as graph_format
 from .io import load_onnx_graph
 from .optim.base import DEFAULT_PASS_REGISTRY, QuantizationOptimizationPipeline
-from .optim.passes import (FusionPass, IntegerRequantizationPass, ParameterBakingPass, ParameterQuantizePass,
-                           PassiveParameterQuantizePass, QuantizationAlignmentPass, QuantizationSimplifyPass,
-                           RuntimeCalibrationPass)
+from .optim.passes import (AdaroundPass, BiasCorrectionPass, FusionPass, IntegerRequantizationPass,
+                           LayerwiseEqualizationPass, MixedPrecisionPass, ParameterBakingPass,
+                           ParameterQuantizePass, PassiveParameterQuantizePass, QuantizationAlignmentPass,
+                           QuantizationSimplifyPass, RuntimeCalibrationPass)
 from .platforms.dispatch import dispatch_graph
 from .platforms.policies import get_platform_policy
 from .platforms.quantizer import PlatformPolicy, PlatformQuantizer
@@ -55,10 +56,23 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
         passes.append(FusionPass(policy.fused_activations))
     if setting.simplify:
         passes.append(QuantizationSimplifyPass())
+    if setting.equalization:  # changes the FP32 weights: before they are quantized
+        passes.append(LayerwiseEqualizationPass(setting.equalization_iterations, setting.equalization_clip,
+                                                setting.equalization_max_scale))
     passes += [ParameterQuantizePass(),
                RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0),
                QuantizationAlignmentPass(setting.concat_alignment, policy.add_alignment),
                PassiveParameterQuantizePass()]
+    if setting.adaround:  # needs weight scales and calibrated inputs; bakes the weights it rounds
+        passes.append(AdaroundPass(steps=setting.adaround_steps, samples=setting.adaround_samples,
+                                   verbose=verbose > 0))
+    if setting.bias_correction:  # measures the error of the weights as they will be baked
+        passes.append(BiasCorrectionPass(steps=setting.bias_correction_steps,
+                                         new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0))
+    if setting.mixed_precision_target_cosine is not None:  # needs every other decision taken
+        passes.append(MixedPrecisionPass(setting.mixed_precision_target_cosine,
+                                         batches=setting.mixed_precision_batches,
+                                         max_ops=setting.mixed_precision_max_ops, verbose=verbose > 0))
     if policy.integer_requantization:
         passes.append(IntegerRequantizationPass())
     passes.append(ParameterBakingPass())
@@ -76,6 +90,8 @@ def format_for_quantization(graph: Graph, setting: QuantizationSetting) -> dict:
         reports["fold_batchnorm"] = graph_format.fold_batchnorm(graph)
     if setting.fold_bias_add:
         reports["fold_bias_add"] = graph_format.fold_bias_add(graph)
+    if setting.fold_pad:
+        reports["fold_pad_into_conv"] = graph_format.fold_pad_into_conv(graph)
     return reports
 
 
@@ -175,6 +191,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     records = pipeline.optimize(graph, verbose=verbose, executor=executor, dataloader=batches,
                                 calib_steps=calib_steps, collate_fn=None)
     graph.metadata["quantization"] = {
+        **graph.metadata.get("quantization", {}),  # what passes recorded (mixed_precision_fp32_ops)
         "platform": platform.name, "setting": setting.to_dict(), "dispatch": summary,
         "formatting": {k: str(v) for k, v in formatting.items()},
         "passes": [{"name": r.name, "seconds": round(r.seconds, 4), "report": r.report} for r in records],

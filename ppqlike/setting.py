@@ -17,6 +17,7 @@ from .platforms.target import TargetPlatform
 
 _OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
+_EQUALIZATION_CLIP = ("exact", "skip")
 
 
 @dataclass
@@ -24,12 +25,26 @@ class QuantizationSetting:
     """Every option of a quantization run.  Defaults are what most users want.
 
     Formatting: ``fold_constants``, ``fold_batchnorm``, ``remove_identity``,
-    ``fold_bias_add``.  Dispatch: ``dispatcher`` and ``dispatching_table``
-    (op name -> 'TARGET' | 'FP32').  Passes: ``fusion``, ``simplify``,
+    ``fold_bias_add``, ``fold_pad`` (zero Pads into Conv pads).  Dispatch:
+    ``dispatcher`` and ``dispatching_table`` (op name -> 'TARGET' | 'FP32').  Passes: ``fusion``, ``simplify``,
     ``activation_observer`` (None: the platform's default),
     ``weight_per_channel`` (None: the platform's), ``add_alignment`` (None:
     the platform's; 'none' | 'larger' | 'output'), ``concat_alignment``,
     ``search_batches`` (batches the TPU-style search evaluates on).
+    Accuracy passes, all off by default: ``equalization`` (cross-layer
+    equalization before parameter quantization; ``equalization_iterations``
+    sweeps, ``equalization_clip`` 'exact' | 'skip' says how pairs through
+    a Clip are handled,
+    ``equalization_max_scale`` bounds each channel's scale), ``bias_correction``
+    (empirical per-channel bias correction on ``bias_correction_steps``
+    calibration batches, None: all), ``adaround`` (learned rounding of the
+    weights: ``adaround_steps`` Adam iterations per layer on
+    ``adaround_samples`` rows of the layer's input, after a search of the
+    weight range),
+    ``mixed_precision_target_cosine`` (None: off; else the output cosine to
+    reach by moving the fewest ops to FP32, measured on
+    ``mixed_precision_batches`` calibration batches, at most
+    ``mixed_precision_max_ops`` ops, None: no limit).
     Export: ``export_uint8_activations`` and ``export_qdq_per_consumer``
     (None: what the platform's exporter prefers).
     """
@@ -38,6 +53,7 @@ class QuantizationSetting:
     fold_batchnorm: bool = True
     remove_identity: bool = True
     fold_bias_add: bool = True
+    fold_pad: bool = True
     dispatcher: str = "conservative"
     dispatching_table: dict = field(default_factory=dict)
     fusion: bool = True
@@ -47,6 +63,18 @@ class QuantizationSetting:
     add_alignment: str | None = None
     concat_alignment: bool = True
     search_batches: int = 1
+    equalization: bool = False
+    equalization_iterations: int = 10
+    equalization_clip: str = "exact"
+    equalization_max_scale: float = 16.0
+    bias_correction: bool = False
+    bias_correction_steps: int | None = None
+    adaround: bool = False
+    adaround_steps: int = 500
+    adaround_samples: int = 4096
+    mixed_precision_target_cosine: float | None = None
+    mixed_precision_batches: int = 2
+    mixed_precision_max_ops: int | None = None
     export_uint8_activations: bool | None = None
     export_qdq_per_consumer: bool | None = None
 
@@ -63,6 +91,26 @@ class QuantizationSetting:
         if self.add_alignment not in (None, "none", "larger", "output"):
             raise PlatformError(f"setting.add_alignment {self.add_alignment!r} is unknown; "
                                 "choose 'none', 'larger' or 'output'")
+        if self.equalization_clip not in _EQUALIZATION_CLIP:
+            raise PlatformError(f"setting.equalization_clip {self.equalization_clip!r} is unknown; "
+                                f"choose one of {_EQUALIZATION_CLIP}")
+        for name in ("equalization_iterations", "adaround_steps", "adaround_samples",
+                     "mixed_precision_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlatformError(f"setting.{name} must be a positive integer, got {value!r}")
+        for name in ("bias_correction_steps", "mixed_precision_max_ops"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise PlatformError(f"setting.{name} must be None or a positive integer, got {value!r}")
+        if not (isinstance(self.equalization_max_scale, (int, float)) and self.equalization_max_scale >= 1):
+            raise PlatformError(f"setting.equalization_max_scale must be a number >= 1, "
+                                f"got {self.equalization_max_scale!r}")
+        target = self.mixed_precision_target_cosine
+        if target is not None and not (isinstance(target, (int, float)) and not isinstance(target, bool)
+                                       and -1.0 < target <= 1.0):
+            raise PlatformError(f"setting.mixed_precision_target_cosine must be None or a cosine in (-1, 1], "
+                                f"got {target!r}")
         if not isinstance(self.dispatching_table, dict):
             raise PlatformError("setting.dispatching_table must map op names to 'TARGET' or 'FP32'")
         return self

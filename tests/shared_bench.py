@@ -1,83 +1,45 @@
 """The shared benchmark (real models and real ImageNet images) as test presets.
 
-``BENCH_DIR`` is ``<repo>/../shared/bench`` (override with the environment
-variable PPQLIKE_BENCH_DIR); tests that need it use the ``requires_bench``
-marker, which skips them with a clear reason when the folder is absent.
-Preprocessing per model follows the bench README.
+The presets and the image loading live in ``bench/presets.py`` (no pytest there, so the
+benchmarks use them too); this module re-exports them and adds the ``requires_bench`` marker,
+which skips tests with a clear reason when the shared folder is absent.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-from functools import lru_cache
+import importlib.util
+import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from ppqlike.io.images import load_image_folder
 
-REPO_DIR = Path(__file__).resolve().parent.parent
-BENCH_DIR = Path(os.environ.get("PPQLIKE_BENCH_DIR", REPO_DIR.parent / "shared" / "bench")).resolve()
-HAVE_BENCH = (BENCH_DIR / "models").is_dir() and (BENCH_DIR / "images").is_dir()
+def _load_presets():
+    name = "ppqlike_bench_presets"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "bench" / "presets.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before exec: dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_presets = _load_presets()
+REPO_DIR = _presets.REPO_DIR
+BENCH_DIR = _presets.BENCH_DIR
+HAVE_BENCH = _presets.HAVE_BENCH
+ModelPreset = _presets.ModelPreset
+PRESETS = _presets.PRESETS
+MODEL_NAMES = _presets.MODEL_NAMES
+wnids = _presets.wnids
+label_of = _presets.label_of
+load_images = _presets.load_images
 
 #: Skip marker for tests that need the shared models and images.
 requires_bench = pytest.mark.skipif(
     not HAVE_BENCH, reason=f"shared benchmark folder {BENCH_DIR} is absent (real models and images live "
                            "outside the repository; see ../shared/bench/README.md)")
 
-
-@dataclass(frozen=True)
-class ModelPreset:
-    """One shared model: file, input name, preprocessing options and FP32 reference top-1."""
-
-    name: str
-    file: str
-    input_name: str
-    options: dict = field(default_factory=dict)  # keyword arguments of ppqlike.io.images.load_image
-    reference_top1: dict = field(default_factory=dict)  # split -> FP32 top-1 on onnxruntime
-
-    @property
-    def path(self) -> Path:
-        """The model file inside BENCH_DIR."""
-        return BENCH_DIR / "models" / self.file
-
-
-PRESETS = {
-    "efficientnet_lite0": ModelPreset(
-        "efficientnet_lite0", "efficientnet_lite0.onnx", "input",
-        dict(mean=127.0, std=128.0), {"calib": 0.835, "dev": 0.900}),
-    "squeezenet1.1": ModelPreset(
-        "squeezenet1.1", "squeezenet1.1.onnx", "data_0",
-        dict(mean=(103.94, 116.78, 123.68), bgr=True), {"calib": 0.545, "dev": 0.613}),
-    "mobilenetv2": ModelPreset(
-        "mobilenetv2", "mobilenetv2.onnx", "input",
-        dict(scale=1 / 255, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
-        {"calib": 0.805, "dev": 0.847}),
-}
-MODEL_NAMES = tuple(PRESETS)
-
-
-@lru_cache(maxsize=1)
-def wnids() -> tuple[str, ...]:
-    """WordNet ids in ILSVRC-2012 class order (line i is class i)."""
-    return tuple(line.strip() for line in (BENCH_DIR / "wnids.txt").read_text().splitlines() if line.strip())
-
-
-def label_of(file_name: str) -> int:
-    """The class index of an image from its file name (``n01440764_tench.JPEG`` -> 0)."""
-    return wnids().index(Path(file_name).name.split("_", 1)[0])
-
-
-@lru_cache(maxsize=8)
-def _cached_images(model: str, split: str, limit: int | None):
-    preset = PRESETS[model]
-    images, names = load_image_folder(BENCH_DIR / "images" / split, limit=limit, **preset.options)
-    images.setflags(write=False)
-    return images, np.array([label_of(n) for n in names]), tuple(names)
-
-
-def load_images(model: str, split: str = "dev", limit: int | None = None):
-    """``(images [N,3,224,224] float32, labels [N], file names)`` preprocessed for ``model``; cached, read-only."""
-    return _cached_images(model, split, limit)
+__all__ = ["REPO_DIR", "BENCH_DIR", "HAVE_BENCH", "requires_bench", "ModelPreset", "PRESETS", "MODEL_NAMES",
+           "wnids", "label_of", "load_images"]

@@ -1,13 +1,18 @@
-"""The core passes, one module each, in pipeline order."""
+"""The core passes and the optional accuracy passes, one module each."""
 
+from .adaround import AdaroundPass
 from .alignment import QuantizationAlignmentPass
 from .baking import ParameterBakingPass
+from .bias_correction import BiasCorrectionPass
 from .calibration import RuntimeCalibrationPass
+from .equalization import LayerwiseEqualizationPass
 from .fusion import FusionPass
+from .mixed_precision import MixedPrecisionPass
 from .parameter import ParameterQuantizePass
 from .passive import PassiveParameterQuantizePass
 from .requantization import IntegerRequantizationPass
 from .simplify import QuantizationSimplifyPass
 
 __all__ = ["FusionPass", "QuantizationSimplifyPass", "ParameterQuantizePass", "RuntimeCalibrationPass",
-           "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass"]
+           "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass",
+           "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass"]

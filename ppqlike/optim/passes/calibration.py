@@ -7,8 +7,9 @@ keep a fixed-size state, so memory does not grow with the number of batches.
 
 Configs whose algorithm is ``search`` (TPU-MLIR style) are tuned after the
 histograms are complete: each candidate threshold is tried on the first
-calibration batch and the one giving the smallest error on the output of the
-op that reads the tensor is kept.
+``search_batches`` calibration batches and the one giving the smallest error
+on the outputs of the ops that read the tensor is kept; all searched tensors
+share one float forward pass per batch (``threshold_search``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ...executor import NumpyExecutor, OperationHook
 from ..base import QuantizationOptimizationPass, iterate_calibration
 from ..observers import make_observer
 from ._common import input_config, output_config, quantized_operations
+from .threshold_search import search_thresholds
 
 S = QuantizationStates
 
@@ -91,11 +93,10 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
             executor.forward(batch, hooks=[hook])
             if len(first_batches) < self.search_batches:
                 first_batches.append(batch)
-        searched = 0
+        searching = [entry for entry in observers if hasattr(entry[1], "candidates") and hasattr(entry[1], "select")]
+        # all searched tensors in one float forward pass per search batch (a tensor no op reads keeps KL)
+        searched = search_thresholds(graph, executor, first_batches, searching) if searching else 0
         for config, observer, operation, side, index in observers:
-            if hasattr(observer, "candidates") and hasattr(observer, "select"):
-                self._search(graph, executor, first_batches, config, observer, operation, side, index)
-                searched += 1
             observer.render()
             config.state = S.ACTIVATED
         return {"observed": len(observers), "searched": searched,
@@ -104,31 +105,5 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
     # ------------------------------------------------------------ search --
     @staticmethod
     def _search(graph, executor, batches, config, observer, operation, side, index) -> None:
-        """Keep the candidate threshold with the smallest error on the reading op's output."""
-        variable = operation.inputs[index] if side == "input" else operation.outputs[index]
-        readers = [operation] if side == "input" else [c for c in variable.consumers]
-        reader = readers[0] if readers else None
-        if reader is None:
-            return
-        reader_inputs = [None if v is None else v.name for v in reader.inputs]
-        wanted = [n for n in reader_inputs if n is not None and not graph.variables[n].is_parameter]
-        captured: list[dict] = []
-        for batch in batches:
-            values = executor.forward(batch, output_names=wanted)
-            captured.append(dict(zip(wanted, values)))
-        best, best_error = None, np.inf
-        for threshold in observer.candidates():
-            observer.select(threshold)
-            observer.render()
-            error = 0.0
-            for values in captured:
-                arguments = [None if n is None else values.get(n, graph.variables[n].value) for n in reader_inputs]
-                reference = executor.run_operation(reader, arguments, quantized=False)[0]
-                slot = reader_inputs.index(variable.name)
-                arguments[slot] = config.fake_quantize(arguments[slot])
-                candidate = executor.run_operation(reader, arguments, quantized=False)[0]
-                error += float(np.mean((candidate - reference) ** 2))
-            if error < best_error:
-                best, best_error = threshold, error
-        if best is not None:
-            observer.select(best)
+        """Keep the candidate threshold with the smallest error on the reading ops' outputs (one tensor)."""
+        search_thresholds(graph, executor, batches, [(config, observer, operation, side, index)])

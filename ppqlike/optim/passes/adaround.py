@@ -1,0 +1,470 @@
+"""AdaRound-style learned rounding of weights (Nagel et al. 2020, "Up or Down?"), layer by layer, in numpy.
+
+Nearest rounding is not the best rounding: for each Conv/Gemm the pass
+chooses, weight by weight, floor or ceil so that the layer's output on
+calibration data is reconstructed best.  The choice is relaxed to a soft
+variable h(V) = clip(sigmoid(V) * (zeta - gamma) + gamma, 0, 1) (the
+rectified sigmoid, zeta = 1.1, gamma = -0.1) with
+
+    W~ = S * (clamp(floor(W / S) + h(V) + Z, qmin, qmax) - Z)
+
+and V is optimized with Adam on
+
+    || W~ x_q - target ||^2 (summed over output channels, mean over rows)
+      + lam * sum(1 - |2 h(V) - 1|^beta)
+
+where x_q is the layer's input as the quantized model feeds it (quantized
+upstream, the layer's own input quantization applied): each layer undoes its
+own rounding error only (the symmetric reconstruction), so one pass over the
+data serves every layer at once.  The paper's asymmetric target W x (x the
+input in the FP32 model, to absorb upstream error too) needs the layers taken
+strictly one after the other: measured here with the layers of a stage
+rounded together, each compensated upstream error that the upstream layers
+removed themselves, and MobileNetV2 at W4A8 fell to 1% top-1 (symmetric:
+62%, nearest: 11%), so it is not offered.  The reconstruction term is divided by its
+value at nearest rounding, so that ``lam`` weighs the same in every layer.
+For the first ``warmup`` fraction of the iterations lam is 0; then beta
+anneals from 20 to 2 so that h is pushed to 0 or 1.  At the end h is
+rounded (V >= 0 means up) and the result is kept only when its
+reconstruction error on the calibration rows is below that of nearest
+rounding (so it never does worse there).
+
+Before the rounding is learned, the weight's range is searched too
+(``scale_search``): ranges ratio * [min, max] for 36 ratios in [0.3, 1] are
+scored with nearest rounding on the same statistics, per output channel when
+the weight is quantized per channel (the error of a layer's output channel
+depends on that channel's weights only), and the best scale/offset replaces
+the min-max one in the weight config (4-bit weights gain most from
+clipping).
+
+How the data is held.  A convolution is an im2col matrix product: a row is
+the patch one output position reads, so each group of the layer is
+y = X W^T with X [rows, C/g * kh * kw].  On every calibration batch a
+quantized forward pass samples ``samples / batches`` output positions per
+layer (subsampled spatially, so the cost stays small) and adds the rows
+to fixed-size statistics: the rows themselves while there are fewer than
+the patch length K, then the Gram matrices X_q^T X_q [K, K], X_q^T Y
+[K, out] and ||Y||^2, which is all the loss and its gradient need:
+
+    loss = (tr(W~ G W~^T) - 2 tr(W~ X_q^T Y) + ||Y||^2) / rows,
+    dloss/dW~ = 2 (W~ G - Y^T X_q) / rows
+
+so memory does not grow with the number of rows or batches (the statistics
+of all layers are held together: at most K^2 + K * out float64 per layer).  The
+gradient goes through the clamp (zero where clamped) and the rectified
+sigmoid (zero where h is clipped), computed in numpy.
+
+Reads: ACTIVATED weight configs (scale, offset, range) of TARGET Conv (2-D,
+any group) and Gemm ops whose weight is a parameter read by that op alone;
+the calibrated activation configs (the quantized forward pass).
+Writes: the weight config's scale/offset (scale search; the PASSIVE bias
+follows it, S_input * S_weight), then ``config.baked_value`` = the weight
+rounded as learned and state BAKED (the baking pass then leaves it alone).
+``config.detail['adaround']`` records the layer's errors.  The FP32 weight
+in ``Variable.value`` is kept.
+
+Use: 4-bit weights (``ACADEMIC_W4A8``), where rounding matters most; it
+also helps per-tensor 8-bit weights (``DSP_INT8``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from ...core import numerics
+from ...core.ir import Graph, Operation
+from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...executor import NumpyExecutor, OperationHook
+from ..base import QuantizationOptimizationPass, iterate_calibration
+from ._common import input_config, quantized_operations
+
+S = QuantizationStates
+ZETA, GAMMA = 1.1, -0.1
+
+
+# ------------------------------------------------------------------ layouts
+def _as_groups(operation: Operation, array: np.ndarray) -> np.ndarray:
+    """A weight-shaped array as [groups, out/g, K] (the row layout of im2col)."""
+    if operation.type == "Gemm":
+        matrix = array if operation.attributes.get("transB", 0) else array.T        # [out, K]
+        return matrix[None]
+    group = int(operation.attributes.get("group", 1))
+    return array.reshape(group, array.shape[0] // group, -1)
+
+
+def _from_groups(operation: Operation, grouped: np.ndarray, shape: tuple) -> np.ndarray:
+    if operation.type == "Gemm":
+        matrix = grouped[0]
+        return matrix if operation.attributes.get("transB", 0) else matrix.T
+    return grouped.reshape(shape)
+
+
+def _broadcast(config: TensorQuantizationConfig, values: np.ndarray, shape: tuple) -> np.ndarray:
+    """A per-tensor or per-channel config parameter broadcast to the weight's shape (float64)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 0:
+        return np.full(shape, float(values))
+    axis = config.channel_axis % len(shape)
+    view = [1] * len(shape)
+    view[axis] = -1
+    return np.broadcast_to(values.reshape(view), shape).copy()
+
+
+def _conv_geometry(operation: Operation, weight: np.ndarray):
+    attributes = operation.attributes
+    auto_pad = attributes.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if weight.ndim != 4 or auto_pad not in ("NOTSET", "VALID"):
+        return None
+    pads = [int(v) for v in attributes.get("pads", [0, 0, 0, 0])] if auto_pad == "NOTSET" else [0, 0, 0, 0]
+    strides = [int(v) for v in attributes.get("strides", [1, 1])]
+    dilations = [int(v) for v in attributes.get("dilations", [1, 1])]
+    return pads, strides, dilations
+
+
+def _supported(operation: Operation, graph: Graph) -> str | None:
+    """Why ``operation`` cannot be learned-rounded (None: it can)."""
+    if operation.type not in ("Conv", "Gemm") or len(operation.inputs) < 2:
+        return "not a Conv or Gemm"
+    weight = operation.inputs[1]
+    if weight is None or not weight.is_parameter or any(c is not operation for c in weight.consumers):
+        return "weight is not a parameter of its own"
+    config = input_config(operation, 1)
+    if config is None or config.state is not S.ACTIVATED or config.scale is None:
+        return f"weight config is {None if config is None else config.state.name}, not ACTIVATED"
+    if operation.type == "Gemm" and operation.attributes.get("transA", 0):
+        return "Gemm with transA"
+    if operation.type == "Conv" and _conv_geometry(operation, weight.value) is None:
+        return "only 2-D convolutions with explicit pads"
+    return None
+
+
+# ------------------------------------------------------------- statistics
+class _LayerStatistics:
+    """The rows (while fewer than K) or the Gram matrix X^T X of one layer's input; memory bounded by K^2.
+
+    The target is W x_q, so the error of a weight W~ is ||(W~ - W) x_q||^2 = tr(D G D^T), D = W~ - W.
+    """
+
+    def __init__(self, operation: Operation):
+        self.operation = operation
+        self.weight = _as_groups(operation, operation.inputs[1].value.astype(np.float64))   # [G, O, K]
+        self.groups, self.out, self.k = self.weight.shape
+        self.rows = 0
+        self.x_rows: list[np.ndarray] = []        # [G, r, K] chunks (row form)
+        self.gram = None                          # [G, K, K]
+
+    def add(self, x: np.ndarray) -> None:
+        self.rows += x.shape[1]
+        if self.gram is None:
+            self.x_rows.append(x)
+            if self.rows > self.k:
+                self._to_gram()
+        else:
+            self.gram += np.matmul(x.transpose(0, 2, 1), x)
+
+    def _to_gram(self) -> None:
+        x = np.concatenate(self.x_rows, axis=1)
+        self.gram = np.matmul(x.transpose(0, 2, 1), x)
+        self.x_rows = []
+
+    def _x(self) -> np.ndarray:
+        x = np.concatenate(self.x_rows, axis=1)
+        self.x_rows = [x]
+        return x
+
+    def finish(self) -> None:
+        """Use the Gram form when it is the cheaper one for the optimization."""
+        if self.gram is None and self.rows and 2 * self.rows > self.k:
+            self._to_gram()
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.gram, *self.x_rows]
+        return int(sum(a.nbytes for a in arrays if a is not None))
+
+    @property
+    def energy(self) -> float:
+        """||W x_q||^2 summed over the rows (the size of the output the error is compared with)."""
+        return float(self.channel_errors(np.zeros_like(self.weight)).sum())
+
+    def channel_errors(self, approx: np.ndarray) -> np.ndarray:
+        """||(approx - W) x_q||^2 per output channel, [G, O]."""
+        delta = approx - self.weight
+        if self.gram is not None:
+            return np.sum(np.matmul(delta, self.gram) * delta, axis=2)
+        error = np.matmul(self._x(), delta.transpose(0, 2, 1))                    # [G, r, O]
+        return np.sum(error * error, axis=1)
+
+    def loss_and_gradient(self, approx: np.ndarray, gradient: bool = True):
+        """(reconstruction loss per row, d loss / d approx) for a weight ``approx`` [G, O, K]."""
+        delta = approx - self.weight
+        if self.gram is not None:
+            dg = np.matmul(delta, self.gram)                                      # [G, O, K]
+            loss = float(np.sum(dg * delta)) / self.rows
+            return max(loss, 0.0), (2.0 * dg / self.rows if gradient else None)
+        x = self._x()
+        error = np.matmul(x, delta.transpose(0, 2, 1))                            # [G, r, O]
+        loss = float(np.sum(error * error)) / self.rows
+        return loss, (2.0 * np.matmul(error.transpose(0, 2, 1), x) / self.rows if gradient else None)
+
+
+class _RowHook(OperationHook):
+    """Samples ``per_batch`` output positions of each watched layer and adds the input rows they read."""
+
+    def __init__(self, stats: dict[str, _LayerStatistics], per_batch: int, seed: int):
+        self.stats, self.per_batch = stats, per_batch
+        self.rng = np.random.default_rng(seed)
+
+    def before_operation(self, operation: Operation, inputs: list):
+        stat = self.stats.get(operation.name)
+        if stat is not None:
+            x = np.asarray(inputs[0])
+            stat.add(self._rows(operation, x, self._sample(operation, x)))
+        return None
+
+    def _sample(self, operation: Operation, x: np.ndarray):
+        if operation.type == "Gemm":
+            count = x.shape[0]
+            return np.sort(self.rng.choice(count, size=min(count, self.per_batch), replace=False))
+        pads, strides, dilations = _conv_geometry(operation, operation.inputs[1].value)
+        kh, kw = operation.inputs[1].value.shape[2:]
+        out_h = (x.shape[2] + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+        out_w = (x.shape[3] + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+        total = x.shape[0] * out_h * out_w
+        flat = self.rng.choice(total, size=min(total, self.per_batch), replace=False)
+        n, rest = np.divmod(flat, out_h * out_w)
+        return n, rest // out_w, rest % out_w
+
+    @staticmethod
+    def _rows(operation: Operation, x: np.ndarray, indices) -> np.ndarray:
+        """The sampled rows as [G, r, K] float64."""
+        if operation.type == "Gemm":
+            return x[indices].astype(np.float64)[None]
+        weight = operation.inputs[1].value
+        group = int(operation.attributes.get("group", 1))
+        kh, kw = weight.shape[2:]
+        pads, strides, dilations = _conv_geometry(operation, weight)
+        n, oh, ow = indices
+        padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+        rows_h = oh[:, None] * strides[0] + np.arange(kh)[None] * dilations[0]        # [r, kh]
+        rows_w = ow[:, None] * strides[1] + np.arange(kw)[None] * dilations[1]        # [r, kw]
+        patches = padded[n[:, None, None], :, rows_h[:, :, None], rows_w[:, None, :]]  # [r, kh, kw, C]
+        patches = patches.transpose(0, 3, 1, 2).astype(np.float64)                     # [r, C, kh, kw]
+        count, channels = patches.shape[:2]
+        grouped = patches.reshape(count, group, channels // group * kh * kw)
+        return grouped.transpose(1, 0, 2)                                              # [G, r, K]
+
+
+# ---------------------------------------------------------------- rounding
+class _Rounder:
+    """The soft-rounding problem of one layer: V, h(V), the quantized weight and their gradients."""
+
+    def __init__(self, operation: Operation, config: TensorQuantizationConfig):
+        weight = operation.inputs[1].value.astype(np.float64)
+        self.shape = weight.shape
+        scale = _broadcast(config, config.scale, weight.shape)
+        offset = _broadcast(config, config.offset, weight.shape)
+        self.scale = _as_groups(operation, scale)
+        self.offset = _as_groups(operation, offset)
+        grouped = _as_groups(operation, weight)
+        self.floor = np.floor(grouped / self.scale)
+        rest = grouped / self.scale - self.floor
+        p = np.clip((rest - GAMMA) / (ZETA - GAMMA), 1e-6, 1 - 1e-6)
+        self.v = np.log(p / (1 - p))
+        self.qmin, self.qmax = config.quant_min, config.quant_max
+
+    def soft(self):
+        sig = 1.0 / (1.0 + np.exp(-self.v))
+        raw = sig * (ZETA - GAMMA) + GAMMA
+        return np.clip(raw, 0.0, 1.0), raw, sig
+
+    def weight(self, h: np.ndarray):
+        q = self.floor + h + self.offset
+        clamped = np.clip(q, self.qmin, self.qmax)
+        return self.scale * (clamped - self.offset), (q >= self.qmin) & (q <= self.qmax)
+
+    def hard(self) -> np.ndarray:
+        return (self.v >= 0).astype(np.float64)
+
+
+def _nearest(operation: Operation, config: TensorQuantizationConfig) -> np.ndarray:
+    return _as_groups(operation, config.fake_quantize(operation.inputs[1].value).astype(np.float64))
+
+
+def search_weight_scale(stat: _LayerStatistics, operation: Operation, config: TensorQuantizationConfig,
+                        ratios: Sequence[float] = tuple(np.linspace(0.3, 1.0, 36))) -> dict:
+    """Clip the weight range by the ratio (per channel when the config is) that reconstructs the layer best.
+
+    Candidate ranges are ratio * [min, max] of the weight (per channel or per tensor, as the
+    parameter pass measured them); each is scored with nearest rounding on the layer's statistics
+    and the best one's scale/offset is written into the (ACTIVATED) config.
+    """
+    weight = operation.inputs[1].value.astype(np.float64)
+    per_channel = bool(config.policy.per_channel) and config.scale is not None and config.scale.ndim == 1
+    if per_channel:
+        axis = config.channel_axis % weight.ndim
+        others = tuple(a for a in range(weight.ndim) if a != axis)
+        low, high = weight.min(axis=others), weight.max(axis=others)
+    else:
+        low, high = np.array(weight.min()), np.array(weight.max())
+    policy = config.policy
+    candidates, scores = [], []
+    for ratio in list(ratios) + [1.0]:
+        scale, offset = numerics.minmax_to_scale_offset(
+            low * ratio, high * ratio, config.quant_min, config.quant_max, symmetric=policy.symmetric,
+            power_of_2=policy.power_of_2, rounding=config.rounding)
+        scale, offset = np.asarray(scale, np.float32), np.asarray(offset, np.int64)
+        axis_view = config.channel_axis if per_channel else None
+        approx = numerics.fake_quantize(weight.astype(np.float32), scale, offset, config.quant_min,
+                                        config.quant_max, config.rounding, channel_axis=axis_view)
+        score = stat.channel_errors(_as_groups(operation, approx.astype(np.float64))).reshape(-1)
+        candidates.append((scale, offset))
+        scores.append(score)
+    scores = np.array(scores)                                               # [ratios, channels]
+    before = float(scores[-1].sum())
+    if per_channel:
+        best = np.argmin(scores, axis=0)
+        scale = np.array([candidates[b][0][c] for c, b in enumerate(best)], np.float32)
+        offset = np.array([np.broadcast_to(candidates[b][1], candidates[b][0].shape)[c]
+                           for c, b in enumerate(best)], np.int64)
+        after = float(scores[best, np.arange(scores.shape[1])].sum())
+        chosen = [float(list(ratios)[b]) if b < len(ratios) else 1.0 for b in best]
+        ratio = float(np.mean(chosen))
+    else:
+        best = int(np.argmin(scores.sum(axis=1)))
+        scale, offset = candidates[best]
+        after = float(scores[best].sum())
+        ratio = float(list(ratios)[best]) if best < len(ratios) else 1.0
+    if after < before:
+        config.set_scale_offset(scale, offset)
+    return {"clip_ratio": ratio, "scale_changed": bool(after < before)}
+
+
+def learn_rounding(stat: _LayerStatistics, operation: Operation, config: TensorQuantizationConfig,
+                   steps: int = 500, lr: float = 3e-2, lam: float = 0.1, warmup: float = 0.2,
+                   beta: tuple = (20.0, 2.0)) -> tuple[np.ndarray, dict]:
+    """Optimize the rounding of one layer; returns (weight as [G, O, K], facts)."""
+    rounder = _Rounder(operation, config)
+    nearest = _nearest(operation, config)
+    nearest_loss = stat.loss_and_gradient(nearest, gradient=False)[0]
+    # the reconstruction term is divided by the nearest-rounding loss so that lam means the same in every layer
+    norm = 1.0 / max(nearest_loss, 1e-30)
+    m = np.zeros_like(rounder.v)
+    v2 = np.zeros_like(rounder.v)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    start = int(warmup * steps)
+    for t in range(steps):
+        h, raw, sig = rounder.soft()
+        approx, inside = rounder.weight(h)
+        _, grad_w = stat.loss_and_gradient(approx)
+        grad_h = grad_w * norm * rounder.scale * inside
+        if t >= start:
+            progress = (t - start) / max(1, steps - start)
+            b = beta[1] + (beta[0] - beta[1]) * (1.0 - progress)
+            centred = 2.0 * h - 1.0
+            grad_h += -lam * b * np.abs(centred) ** (b - 1.0) * np.sign(centred) * 2.0
+        grad_v = grad_h * (ZETA - GAMMA) * sig * (1.0 - sig) * ((raw > 0.0) & (raw < 1.0))
+        m = b1 * m + (1 - b1) * grad_v
+        v2 = b2 * v2 + (1 - b2) * grad_v * grad_v
+        rounder.v -= lr * (m / (1 - b1 ** (t + 1))) / (np.sqrt(v2 / (1 - b2 ** (t + 1))) + eps)
+    learned, _ = rounder.weight(rounder.hard())
+    learned_loss = stat.loss_and_gradient(learned, gradient=False)[0]
+    h, _, _ = rounder.soft()
+    energy = max(stat.energy, 1e-30)
+    facts = {"nearest_loss": nearest_loss, "learned_loss": learned_loss,
+             "relative_nearest": nearest_loss * stat.rows / energy,
+             "relative_learned": learned_loss * stat.rows / energy,
+             "changed": float(np.mean(learned != nearest)),
+             "undecided": float(np.mean((h > 0.01) & (h < 0.99))), "rows": stat.rows}
+    return learned, facts
+
+
+class AdaroundPass(QuantizationOptimizationPass):
+    """Learned rounding of Conv/Gemm weights, baked by the pass itself (see the module docstring).
+
+    ``steps``: Adam iterations per layer; ``samples``: rows (output positions)
+    per layer drawn from the calibration data in all; ``lr``, ``lam``
+    (regularizer weight, relative to the layer's nearest-rounding error),
+    ``warmup``: the fraction of iterations without the regularizer;
+    ``scale_search``: search the weight range first; ``calib_batches``:
+    batches to draw rows from (None: the pipeline's ``calib_steps``).
+    """
+
+    name = "adaround"
+
+    def __init__(self, steps: int = 500, samples: int = 4096, lr: float = 3e-2, lam: float = 0.1,
+                 warmup: float = 0.2, scale_search: bool = True, calib_batches: int | None = None,
+                 seed: int = 0, verbose: bool = True):
+        if steps < 1 or samples < 1:
+            raise ValueError("adaround needs steps >= 1 and samples >= 1")
+        self.steps, self.samples, self.lr, self.lam, self.warmup = int(steps), int(samples), lr, lam, warmup
+        self.scale_search = bool(scale_search)
+        self.calib_batches, self.seed, self.verbose = calib_batches, seed, verbose
+
+    def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
+                 calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
+        executor = executor or NumpyExecutor(graph)
+        stats, skipped = {}, []
+        for operation in quantized_operations(graph):
+            if operation.type not in ("Conv", "Gemm"):
+                continue
+            reason = _supported(operation, graph)
+            if reason is None:
+                stats[operation.name] = _LayerStatistics(operation)
+            else:
+                skipped.append({"op": operation.name, "reason": reason})
+        if not stats:
+            return {"layers": 0, "skipped": len(skipped), "skipped_ops": skipped}
+        batches_wanted = self.calib_batches if self.calib_batches is not None else calib_steps
+        known = batches_wanted
+        if known is None:
+            try:
+                known = len(dataloader)  # type: ignore[arg-type]
+            except TypeError:
+                known = 8
+        hook = _RowHook(stats, max(1, math.ceil(self.samples / max(1, known))), self.seed)
+        started = time.perf_counter()
+        batches = 0
+        for batch in iterate_calibration(dataloader, batches_wanted, collate_fn, "adaround rows", self.verbose):
+            executor.forward(batch, hooks=[hook])   # one quantized pass serves every layer
+            batches += 1
+        capture_seconds = time.perf_counter() - started
+        peak = sum(s.nbytes for s in stats.values())
+        layers = []
+        for name in list(stats):
+            stat = stats.pop(name)  # freed once its layer is done
+            if stat.rows == 0:
+                skipped.append({"op": name, "reason": "not reached by the calibration data"})
+                continue
+            layers.append(self._round_layer(graph.operations[name], stat))
+        improved = [f for f in layers if f["kept_learned"]]
+        return {"layers": len(layers), "improved": len(improved), "batches": batches, "steps": self.steps,
+                "samples": self.samples, "scale_search": self.scale_search,
+                "capture_seconds": round(capture_seconds, 3), "statistics_bytes": int(peak),
+                "mean_relative_error_nearest": float(np.mean([f["relative_nearest"] for f in layers])) if layers else 0.0,
+                "mean_relative_error_learned": float(np.mean([min(f["relative_learned"], f["relative_nearest"])
+                                                              for f in layers])) if layers else 0.0,
+                "skipped": len(skipped), "layer_details": layers, "skipped_ops": skipped}
+
+    def _round_layer(self, operation: Operation, stat: _LayerStatistics) -> dict:
+        config = input_config(operation, 1)
+        stat.finish()
+        begin = time.perf_counter()
+        searched = search_weight_scale(stat, operation, config) if self.scale_search else {}
+        learned, facts = learn_rounding(stat, operation, config, self.steps, self.lr, self.lam, self.warmup)
+        kept = facts["learned_loss"] <= facts["nearest_loss"]
+        weight = learned if kept else _nearest(operation, config)
+        value = _from_groups(operation, weight, operation.inputs[1].value.shape)
+        config.baked_value = value.astype(np.float32)
+        config.state = S.BAKED
+        facts.update(searched)
+        facts.update({"op": operation.name, "kept_learned": bool(kept),
+                      "seconds": round(time.perf_counter() - begin, 3)})
+        config.detail["adaround"] = {k: (round(v, 8) if isinstance(v, float) else v) for k, v in facts.items()
+                                     if k != "op"}
+        return facts

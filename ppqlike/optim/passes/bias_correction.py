@@ -1,0 +1,285 @@
+"""Empirical bias correction: remove the mean error that weight quantization adds to each output channel.
+
+Quantized weights W_q = W + dW shift the mean of a layer's output:
+E[W_q x] - E[W x] = E[dW x], per output channel (Nagel et al. 2019, sec. 4.2;
+Finkelstein et al. 2019).  The pass measures that shift on calibration data
+and subtracts it from the bias, so E[y_q] = E[y] channel by channel.
+
+How it is measured.  One quantized forward pass per calibration batch, with
+a hook before every corrected op: the op's input x is taken as the op sees
+it in the quantized model (quantized upstream, the op's own input
+quantization applied) and the mean over samples and output positions of
+op(x) with the weight error dW = W_q - W as its weight and no bias is added
+to a running sum (fixed memory: one float64 per output channel and op; no
+activation is kept).  The op is linear in its weight, so for a 2-D Conv
+that mean is sum over input channels and kernel offsets of dW times the
+mean input value each offset reads (k*k strided slices of the batch-mean
+image, padding included), and for a Gemm dW applied to the mean row: a
+fraction of the cost of running the op again, which is what other layouts
+(ConvTranspose, auto_pad SAME) do.  All ops are
+measured in the same passes, so a correction does not see the corrections
+of the ops before it (a second-order effect: the mean of x moves by the
+upstream correction only).  Each op corrects the error of its own weights,
+never the errors of other layers or of activation quantization, so nothing
+is corrected twice.
+
+Reads: ACTIVATED or BAKED weight configs of TARGET Conv, ConvTranspose and
+Gemm ops (W_q is the fake-quantized weight, or ``baked_value`` when a pass
+such as AdaRound already baked it), the calibrated activation configs (the
+quantized forward pass), PASSIVE bias configs.
+Writes, per corrected op:
+
+* a quantized bias (PASSIVE config, scale S_input * S_weight): the pass
+  bakes it: ``baked_value`` = the corrected bias quantized on that scale,
+  state PASSIVE_BAKED (the baking pass leaves it alone).  ``Variable.value``
+  keeps the FP32 bias, so the FP32 model (``dequantized``, analysis, an op
+  that mixed precision moves to FP32) is the original one;
+* a float bias (no config: TensorRT-style platforms, or an FP32 config):
+  ``Variable.value`` itself, which is what runs and is exported; the report
+  lists these ops (``float_biases_changed``), whose FP32 reference now
+  includes the correction;
+* an op without a bias gets a zero bias parameter (``<op>.bias_correction``,
+  so the FP32 function is unchanged) at input slot 2 and a config for it:
+  where the platform quantizes biases (``new_bias='int32'``, which
+  ``build_pipeline`` passes from the platform policy; when not told, when
+  other computing ops of the graph have bias configs) one made like the
+  platform quantizer makes bias configs (int32, symmetric, per channel when
+  the weight is), linked PASSIVE to [input, weight] and baked as above;
+  otherwise None, and the correction goes into the float value.
+
+Biases that are already baked, shared with other ops or not one value per
+output channel are left alone (reported).  No other state changes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ...core.ir import Graph, Operation
+from ...core.quant import (QuantizationPolicy, QuantizationProperty, QuantizationStates,
+                           TensorQuantizationConfig)
+from ...executor import NumpyExecutor, OperationHook
+from ..base import QuantizationOptimizationPass, iterate_calibration
+from ._common import input_config, quantized_operations
+
+S = QuantizationStates
+P = QuantizationProperty
+_TYPES = ("Conv", "ConvTranspose", "Gemm")
+
+
+def quantized_weight(config: TensorQuantizationConfig, value: np.ndarray) -> np.ndarray | None:
+    """The weight as the quantized model uses it (None when the config does not quantize it)."""
+    if config is None:
+        return None
+    if config.state is S.BAKED and config.baked_value is not None:
+        return np.asarray(config.baked_value)
+    if config.state is S.ACTIVATED:
+        return config.fake_quantize(value)
+    return None
+
+
+def output_channels(operation: Operation) -> int:
+    """Number of output channels of a Conv / ConvTranspose / Gemm (from its weight)."""
+    weight = operation.inputs[1].value
+    if operation.type == "Conv":
+        return weight.shape[0]
+    if operation.type == "ConvTranspose":
+        return weight.shape[1] * int(operation.attributes.get("group", 1))
+    return weight.shape[0] if operation.attributes.get("transB", 0) else weight.shape[1]
+
+
+def _conv_error_mean(operation: Operation, x: np.ndarray, delta: np.ndarray) -> np.ndarray | None:
+    """E over batch and output positions of conv(x, delta) per output channel, without running the conv.
+
+    By linearity it is sum over (input channel, kernel offset) of delta times the mean of the input
+    values that offset reads, and those means are k*k strided slices of the batch-mean image.
+    None where the layout is not the plain 2-D case (the caller then runs the conv).
+    """
+    attributes = operation.attributes
+    auto_pad = attributes.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if x.ndim != 4 or delta.ndim != 4 or auto_pad not in ("NOTSET", "VALID"):
+        return None
+    kh, kw = delta.shape[2:]
+    sh, sw = [int(v) for v in attributes.get("strides", [1, 1])]
+    dh, dw = [int(v) for v in attributes.get("dilations", [1, 1])]
+    top, left, bottom, right = [int(v) for v in attributes.get("pads", [0, 0, 0, 0])] if auto_pad == "NOTSET" \
+        else (0, 0, 0, 0)
+    group = int(attributes.get("group", 1))
+    mean = x.mean(axis=0, dtype=np.float64)                                   # [C, H, W]
+    mean = np.pad(mean, ((0, 0), (top, bottom), (left, right)))
+    out_h = (mean.shape[1] - dh * (kh - 1) - 1) // sh + 1
+    out_w = (mean.shape[2] - dw * (kw - 1) - 1) // sw + 1
+    if out_h < 1 or out_w < 1:
+        return None
+    taps = np.empty((mean.shape[0], kh, kw))
+    for i in range(kh):
+        for j in range(kw):
+            window = mean[:, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw]
+            taps[:, i, j] = window.mean(axis=(1, 2))
+    out_channels, per_group = delta.shape[0], delta.shape[1]
+    grouped_delta = delta.astype(np.float64).reshape(group, out_channels // group, per_group, kh, kw)
+    grouped_taps = taps.reshape(group, per_group, kh, kw)
+    return np.einsum("gockl,gckl->go", grouped_delta, grouped_taps).reshape(out_channels)
+
+
+def _gemm_error_mean(operation: Operation, x: np.ndarray, delta: np.ndarray) -> np.ndarray | None:
+    if x.ndim != 2 or operation.attributes.get("transA", 0):
+        return None
+    weight = delta.T if operation.attributes.get("transB", 0) else delta          # [K, M]
+    return float(operation.attributes.get("alpha", 1.0)) * (x.mean(axis=0, dtype=np.float64) @ weight)
+
+
+class _ErrorHook(OperationHook):
+    """Before each watched op: the channel means of (op with weight dW, no bias) on its quantized input."""
+
+    def __init__(self, executor: NumpyExecutor, deltas: dict[str, np.ndarray]):
+        self.executor, self.deltas = executor, deltas
+        self.sums = {name: 0.0 for name in deltas}
+        self.counts = {name: 0 for name in deltas}
+
+    def before_operation(self, operation: Operation, inputs: list):
+        delta = self.deltas.get(operation.name)
+        if delta is None:
+            return None
+        x = inputs[0]
+        mean = None
+        if operation.type == "Conv":
+            mean = _conv_error_mean(operation, x, delta)
+        elif operation.type == "Gemm":
+            mean = _gemm_error_mean(operation, x, delta)
+        if mean is not None:
+            weight = x.shape[0]  # batches of any size are weighted by their number of samples
+        else:
+            arguments = [x, delta] + ([None] if operation.type == "Gemm" else [])
+            error = self.executor.run_operation(operation, arguments, quantized=False)[0].astype(np.float64)
+            mean = error.mean(axis=tuple(a for a in range(error.ndim) if a != 1))
+            weight = x.shape[0]
+        self.sums[operation.name] = self.sums[operation.name] + mean * weight
+        self.counts[operation.name] += weight
+        return None
+
+
+def _bias_config(graph: Graph, operation: Operation, name: str) -> TensorQuantizationConfig | None:
+    """A PASSIVE int32 bias config linked to the op's input and weight configs (as the quantizer makes them)."""
+    data, weight = input_config(operation, 0), input_config(operation, 1)
+    if data is None or weight is None or data.scale is None or weight.scale is None:
+        return None
+    per_channel = bool(weight.policy.per_channel)
+    policy = QuantizationPolicy((P.PER_CHANNEL if per_channel else P.PER_TENSOR) | P.LINEAR | P.SYMMETRICAL)
+    config = TensorQuantizationConfig(policy, weight.rounding, 32, -(2 ** 31), 2 ** 31 - 1,
+                                      observer_algorithm="passive", channel_axis=0 if per_channel else None,
+                                      name=name)
+    config.state = S.PASSIVE_INIT
+    config.dominated_by([data, weight], S.PASSIVE)
+    return config
+
+
+def _graph_quantizes_bias(graph: Graph) -> bool:
+    for operation in quantized_operations(graph):
+        if operation.type in _TYPES and input_config(operation, 2) is not None:
+            return True
+    return False
+
+
+class BiasCorrectionPass(QuantizationOptimizationPass):
+    """Per-channel empirical bias correction of Conv/ConvTranspose/Gemm (see the module docstring).
+
+    ``steps``: calibration batches to measure on (None: the pipeline's
+    ``calib_steps``).  ``new_bias``: 'int32', 'float' or None (decide from
+    the graph) for the config of a bias the pass has to create.
+    """
+
+    name = "bias_correction"
+
+    def __init__(self, steps: int | None = None, new_bias: str | None = None, verbose: bool = True):
+        if new_bias not in (None, "int32", "float"):
+            raise ValueError(f"new_bias must be 'int32', 'float' or None, not {new_bias!r}")
+        self.steps, self.new_bias, self.verbose = steps, new_bias, verbose
+
+    def _targets(self, graph: Graph) -> tuple[dict, list]:
+        deltas, skipped = {}, []
+        for operation in quantized_operations(graph):
+            if operation.type not in _TYPES or len(operation.inputs) < 2:
+                continue
+            weight = operation.inputs[1]
+            if weight is None or not weight.is_parameter:
+                continue
+            quantized = quantized_weight(input_config(operation, 1), weight.value)
+            if quantized is None:
+                skipped.append({"op": operation.name, "reason": "weight is not quantized"})
+                continue
+            bias = operation.inputs[2] if len(operation.inputs) > 2 else None
+            channels = output_channels(operation)
+            if bias is not None:
+                config = input_config(operation, 2)
+                if not bias.is_parameter or bias.value.size != channels or \
+                        (operation.type == "Gemm" and bias.value.ndim != 1):
+                    skipped.append({"op": operation.name, "reason": "bias is not one constant per output channel"})
+                    continue
+                if len([c for c in bias.consumers if c is not operation]):
+                    skipped.append({"op": operation.name, "reason": "bias is shared with another op"})
+                    continue
+                if config is not None and config.state not in (S.PASSIVE, S.PASSIVE_INIT, S.FP32, S.DEACTIVATED):
+                    skipped.append({"op": operation.name, "reason": f"bias config is {config.state.name}"})
+                    continue
+            if operation.type == "Gemm" and float(operation.attributes.get("beta", 1.0)) == 0.0:
+                skipped.append({"op": operation.name, "reason": "Gemm with beta = 0 ignores its bias"})
+                continue
+            deltas[operation.name] = (quantized.astype(np.float32) - weight.value.astype(np.float32))
+        return deltas, skipped
+
+    def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
+                 calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
+        executor = executor or NumpyExecutor(graph)
+        deltas, skipped = self._targets(graph)
+        if not deltas:
+            return {"corrected": 0, "skipped": len(skipped), "skipped_ops": skipped}
+        hook = _ErrorHook(executor, deltas)
+        steps = self.steps if self.steps is not None else calib_steps
+        batches = 0
+        for batch in iterate_calibration(dataloader, steps, collate_fn, "bias correction", self.verbose):
+            executor.forward(batch, hooks=[hook])
+            batches += 1
+        new_bias = self.new_bias or ("int32" if _graph_quantizes_bias(graph) else "float")
+        details, created, float_biases = [], 0, []
+        for name in deltas:
+            operation = graph.operations[name]
+            if hook.counts[name] == 0:
+                skipped.append({"op": name, "reason": "not reached by the calibration data"})
+                continue
+            error = hook.sums[name] / hook.counts[name]                  # E[dW x] per output channel
+            if operation.type == "Gemm":
+                error = error / float(operation.attributes.get("beta", 1.0))
+            bias = operation.inputs[2] if len(operation.inputs) > 2 else None
+            configs = operation.config.input_quantization_config
+            if bias is None:
+                # a zero bias leaves the FP32 function as it was; the correction goes where the quantized
+                # model reads it (the baked value), or into the value itself when the bias stays float
+                bias = graph.create_variable(graph.unique_name(f"{name}.bias_correction"),
+                                             value=np.zeros(error.shape, np.float32))
+                graph.replace_input(operation, 2, bias)
+                configs.extend([None] * (3 - len(configs)))
+                configs[2] = _bias_config(graph, operation, bias.name) if new_bias == "int32" else None
+                created += 1
+            config = configs[2] if len(configs) > 2 else None
+            corrected = bias.value.astype(np.float64) - error
+            if config is not None and config.state in (S.PASSIVE, S.PASSIVE_INIT) and config.scale is not None:
+                if config.state is S.PASSIVE_INIT:
+                    config.dominated_by([input_config(operation, 0), input_config(operation, 1)], S.PASSIVE)
+                config.baked_value = config.fake_quantize(corrected.astype(np.float32))
+                config.state = S.PASSIVE_BAKED
+                where = "baked"
+            else:
+                bias.value = corrected.astype(bias.value.dtype)
+                float_biases.append(name)
+                where = "float value"
+            details.append({"op": name, "channels": int(error.size), "mean_abs_correction": float(np.abs(error).mean()),
+                            "max_abs_correction": float(np.abs(error).max()),
+                            "mean_abs_bias": float(np.abs(bias.value).mean()), "stored": where})
+        return {"corrected": len(details), "biases_created": created, "new_bias": new_bias, "batches": batches,
+                "float_biases_changed": float_biases,
+                "mean_abs_correction": float(np.mean([d["mean_abs_correction"] for d in details])) if details else 0.0,
+                "skipped": len(skipped), "ops": details, "skipped_ops": skipped}
