@@ -57,6 +57,15 @@ def _git(*args: str) -> str:
         return ""
 
 
+def source_fingerprint() -> str:
+    """sha1 of every ppqlike/*.py file (path and content): tells whether the code changed during a run."""
+    import hashlib
+    digest = hashlib.sha1()
+    for path in sorted((REPO / "ppqlike").rglob("*.py")):
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def environment() -> dict:
     """Cores, memory, CPU, load and the versions of every package involved."""
     import importlib.metadata as metadata
@@ -71,7 +80,8 @@ def environment() -> dict:
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     versions["ppqlike"] = f"{ppqlike.__version__} (git {commit}{', with uncommitted changes' if dirty else ''})"
     return {"cores": os.cpu_count(), "memory_gib": _memory_gib(), "cpu": _cpu_model(),
-            "platform": platform.platform(), "versions": versions, "load_start": load_average()}
+            "platform": platform.platform(), "versions": versions, "load_start": load_average(),
+            "source_start": source_fingerprint()}
 
 
 # ---------------------------------------------------------------- reading rows
@@ -277,7 +287,10 @@ def render(results: dict, partial: bool = False) -> str:
              f"- Machine: {env['cores']} cores ({env['cpu']}), {memory}, {env['platform']}; load average "
              f"(1, 5, 15 min) {env['load_start']} at the start, {env.get('load_end', '?')} at the end "
              "(other work on the machine makes wall times and speed ratios noisy).",
-             f"- Versions: {versions}.",
+             f"- Versions: {versions}; ppqlike sources sha1 {env.get('source_start', '?')}"
+             + ("" if env.get("source_end") in (None, env.get("source_start")) else
+                f" at the start, **{env['source_end']} at the end: ppqlike changed during the run, the rows mix "
+                "versions**") + ".",
              f"- Data: {options['calib_images']} calibration images (`../shared/bench/images/calib`), "
              f"{options['dev_images']} dev images for evaluation only (nothing is tuned on them)"
              + (f"; ppqlike's simulation runs on the first {min(options['sim_images'], options['dev_images'])} of "

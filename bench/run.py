@@ -166,7 +166,8 @@ def main(argv=None) -> None:
         def save(partial: bool, current: dict | None = None) -> None:
             snapshot = {**results, "models": results["models"] + ([current] if current else []),
                         "seconds": time.perf_counter() - started}
-            snapshot["environment"] = {**environment, "load_end": report.load_average()}
+            snapshot["environment"] = {**environment, "load_end": report.load_average(),
+                                       "source_end": report.source_fingerprint()}
             report.write(snapshot, args.out, partial=partial)
             if args.json:
                 Path(args.json).write_text(json.dumps(snapshot, indent=1, default=str))

@@ -59,13 +59,14 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
     if setting.equalization:  # changes the FP32 weights: before they are quantized
         passes.append(LayerwiseEqualizationPass(setting.equalization_iterations, setting.equalization_clip,
                                                 setting.equalization_max_scale))
-    passes += [ParameterQuantizePass(),
-               RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0),
+    passes.append(ParameterQuantizePass())
+    if setting.adaround:  # needs the weight scales; bakes the weights it rounds, so activations are
+        # calibrated on the network as it will run (4-bit weights change the activations a lot)
+        passes.append(AdaroundPass(steps=setting.adaround_steps, samples=setting.adaround_samples,
+                                   inputs="float", verbose=verbose > 0))
+    passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0),
                QuantizationAlignmentPass(setting.concat_alignment, policy.add_alignment),
                PassiveParameterQuantizePass()]
-    if setting.adaround:  # needs weight scales and calibrated inputs; bakes the weights it rounds
-        passes.append(AdaroundPass(steps=setting.adaround_steps, samples=setting.adaround_samples,
-                                   verbose=verbose > 0))
     if setting.bias_correction:  # measures the error of the weights as they will be baked
         passes.append(BiasCorrectionPass(steps=setting.bias_correction_steps,
                                          new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0))

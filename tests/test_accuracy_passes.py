@@ -206,8 +206,9 @@ def test_equalization_refuses_quantized_weights_and_runs_first_in_the_pipeline()
                                   mixed_precision_target_cosine=0.99)
     names = build_pipeline(get_platform_policy("DSP_INT8"), setting).names
     assert names.index("equalization") < names.index("parameter")
-    assert names.index("passive") < names.index("adaround") < names.index("bias_correction") \
-        < names.index("mixed_precision") < names.index("baking")
+    assert names.index("parameter") < names.index("adaround") < names.index("calibration")
+    assert names.index("passive") < names.index("bias_correction") < names.index("mixed_precision") \
+        < names.index("baking")
     assert "equalization" not in build_pipeline(get_platform_policy("DSP_INT8"), QuantizationSetting()).names
 
 
@@ -396,7 +397,7 @@ def test_adaround_in_the_pipeline_is_opt_in():
     names = [p["name"] for p in graph.metadata["quantization"]["passes"]]
     assert "adaround" in names
     report = next(p["report"] for p in graph.metadata["quantization"]["passes"] if p["name"] == "adaround")
-    assert report["layers"] == 5
+    assert report["layers"] == 5 and report["inputs"] == "float"
     assert all(op.config.input_quantization_config[1].state is S.BAKED
                for op in graph.operations.values() if op.type in ("Conv", "Gemm"))
 
