@@ -64,7 +64,7 @@ why for each skipped pair.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -81,13 +81,12 @@ _CLIP_MODES = ("exact", "skip")
 
 @dataclass
 class _Pair:
-    """A -> [between] -> B, with the axes needed to scale channel i."""
+    """A -> [between] -> B: output channel i of A feeds input channel i of B."""
 
     first: Operation
     between: list
     second: Operation
     clip: Operation | None = None
-    notes: list = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -330,7 +329,7 @@ def _preactivation_bounds(first: Operation, graph: Graph) -> tuple[np.ndarray, n
     interval = _input_interval(first, graph)
     if interval is None or not all(np.isfinite(interval)):
         return None
-    lo, hi = interval
+    lo, hi = min(interval[0], 0.0), max(interval[1], 0.0)  # the op's own zero padding reads zeros too
     weight = first.inputs[1].value.astype(np.float64)
     moved = np.moveaxis(weight, _output_axis(first), 0).reshape(weight.shape[_output_axis(first)], -1)
     positive, negative = np.maximum(moved, 0).sum(axis=1), np.minimum(moved, 0).sum(axis=1)
@@ -354,10 +353,12 @@ def _preactivation_bounds(first: Operation, graph: Graph) -> tuple[np.ndarray, n
 class LayerwiseEqualizationPass(QuantizationOptimizationPass):
     """Cross-layer equalization of Conv/Gemm pairs (see the module docstring).
 
-    ``iterations``: sweeps over all pairs.  ``clip``: 'exact' | 'skip'.  ``max_scale``: every s_i is clamped to
-    [1/max_scale, max_scale], so that a nearly dead channel does not blow
-    the activation range up.  ``min_range``: channels whose weight range is
-    below this (relative to the tensor's largest) keep s_i = 1.
+    ``iterations``: sweeps over all pairs.  ``clip``: 'exact' | 'skip'.
+    ``max_scale``: every s_i stays in [1/max_scale, max_scale], so that a
+    nearly dead channel does not blow an activation range up.
+    ``min_range``: channels whose weight range is below this (relative to the
+    tensor's largest) keep s_i = 1.  The report counts Clip channels found
+    safe or fixed in the first sweep.
     """
 
     name = "equalization"
@@ -428,13 +429,12 @@ class LayerwiseEqualizationPass(QuantizationOptimizationPass):
         before = {pair.name: _pair_spread(pair) for pair in pairs}
         total = {pair.name: np.ones(_first_ranges(pair.first).size) for pair in pairs}
         stats = {"clip_safe_channels": 0, "clip_fixed_channels": 0}
-        for _ in range(self.iterations):
+        for sweep in range(self.iterations):
             for pair in pairs:
-                scale = self._pair_scales(pair, graph, stats)
+                scale = self._pair_scales(pair, graph, stats if sweep == 0 else dict(stats))
                 _scale_first(pair.first, scale)
                 _scale_second(pair.second, scale)
                 total[pair.name] *= scale
-        graph.revision += 1  # weights changed (executors read Variable.value; nothing cached goes stale)
         report_pairs = []
         for pair in pairs:
             scale = total[pair.name]
