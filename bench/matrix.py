@@ -8,9 +8,10 @@ that it is not part of the quantization's cost.
 
 Configuration keys:
 
-* ``ppqlike:<PLATFORM>:<observer>`` — ppqlike with the platform's preset
+* ``ppqlike:<PLATFORM>:<observer>[+<pass>...]`` — ppqlike with the platform's preset
   (``QuantizationSettingFactory.for_platform``); observer ``default`` keeps the preset's activation
-  observer, any other name sets ``setting.activation_observer``;
+  observer, any other name sets ``setting.activation_observer`` (``search``: the TPU-MLIR-style
+  threshold search); each ``+<pass>`` turns on one accuracy pass of ``ACCURACY_PASSES``;
 * ``ort:<MinMax|Entropy|Percentile>:<per_tensor|per_channel>`` — onnxruntime's
   ``quantize_static`` (QDQ format, its default types: QInt8 activations and QInt8 weights)
   after ``quant_pre_process``.
@@ -29,6 +30,23 @@ from pathlib import Path
 
 PPQ_PLATFORMS = ("TRT_INT8", "ORT_INT8", "TPU_INT8", "DSP_INT8")
 PPQ_OBSERVERS = ("default", "kl")
+# rows for the accuracy passes (issue 6): (platform, observer, passes)
+PPQ_ACCURACY_ROWS = (
+    ("DSP_INT8", "default", ("equalization",)),
+    ("DSP_INT8", "default", ("equalization", "bias_correction")),
+    ("ACADEMIC_W4A8", "default", ()),
+    ("ACADEMIC_W4A8", "default", ("adaround",)),
+    ("TPU_INT8", "search", ()),
+    ("TPU_INT8", "default", ("mixed_precision",)),
+)
+MIXED_PRECISION_COSINE = 0.99
+# the setting fields each accuracy pass name turns on
+ACCURACY_PASSES = {
+    "equalization": {"equalization": True},
+    "bias_correction": {"bias_correction": True},
+    "adaround": {"adaround": True},
+    "mixed_precision": {"mixed_precision_target_cosine": MIXED_PRECISION_COSINE},
+}
 ORT_METHODS = ("MinMax", "Entropy", "Percentile")
 ORT_GRANULARITIES = ("per_tensor", "per_channel")
 ORT_READER_BATCH = 1
@@ -48,13 +66,14 @@ class Config:
     per_channel: bool | None = None  # ort: asked; ppqlike: filled from the platform's policy
     same_as: str | None = None       # identical to another key (not run twice)
     resolved_observer: str = ""      # ppqlike: the observer that actually runs
+    passes: tuple = ()               # ppqlike: accuracy passes turned on (names of ACCURACY_PASSES)
 
     @property
     def label(self) -> str:
         if self.tool == "ppqlike":
             observer = self.resolved_observer or self.observer
-            suffix = " (default)" if self.observer == "default" else ""
-            return f"ppqlike {self.platform} {observer}{suffix}"
+            suffix = " (default)" if self.observer == "default" and not self.passes else ""
+            return f"ppqlike {self.platform} {observer}{suffix}" + "".join(f" + {p}" for p in self.passes)
         return f"ORT {self.method} {'per-channel' if self.per_channel else 'per-tensor'}"
 
 
@@ -68,8 +87,9 @@ def default_observer(platform: str) -> tuple[str, bool]:
 
 
 def all_configs(tools=("ppqlike", "ort")) -> list[Config]:
-    """Every configuration of the matrix, ppqlike first.  A ppqlike ``kl`` row whose platform
-    already defaults to KL is marked ``same_as`` its default row."""
+    """Every configuration of the matrix, ppqlike first (its accuracy-pass rows after its platform
+    rows).  A ppqlike ``kl`` row whose platform already defaults to KL is marked ``same_as`` its
+    default row."""
     configs = []
     if "ppqlike" in tools:
         for platform in PPQ_PLATFORMS:
@@ -80,6 +100,11 @@ def all_configs(tools=("ppqlike", "ort")) -> list[Config]:
                 same = f"ppqlike:{platform}:default" if name != "default" and name == observer else None
                 configs.append(Config(key, "ppqlike", platform=platform, observer=name, per_channel=per_channel,
                                       same_as=same, resolved_observer=resolved))
+        for platform, name, passes in PPQ_ACCURACY_ROWS:
+            observer, per_channel = default_observer(platform)
+            key = f"ppqlike:{platform}:" + "+".join((name, *passes))
+            configs.append(Config(key, "ppqlike", platform=platform, observer=name, per_channel=per_channel,
+                                  resolved_observer=observer if name == "default" else name, passes=passes))
     if "ort" in tools:
         for method in ORT_METHODS:
             for granularity in ORT_GRANULARITIES:
@@ -195,6 +220,9 @@ def _quantize_ppqlike(spec: dict) -> dict:
     setting = QuantizationSettingFactory.for_platform(platform)
     if spec["observer"] != "default":
         setting.activation_observer = spec["observer"]
+    for name in spec.get("passes", ()):
+        for field_name, value in ACCURACY_PASSES[name].items():
+            setattr(setting, field_name, value)
     policy = resolve_policy(platform, setting)
     batches = _calibration_batches(spec)
     started = time.perf_counter()
@@ -206,7 +234,9 @@ def _quantize_ppqlike(spec: dict) -> dict:
         export_ppq_graph(graph, platform, spec["output"], config_save_to=spec["config"])
     exported = time.perf_counter()
     meta = graph.metadata["quantization"]
-    return {"quantize_seconds": quantized - started, "export_seconds": exported - quantized,
+    fp32_ops = meta.get("mixed_precision_fp32_ops")
+    return {"fp32_ops": fp32_ops, "target_ops": sum(op.platform.name not in ("FP32", "SOI") for op in graph.operations.values()),
+            "quantize_seconds": quantized - started, "export_seconds": exported - quantized,
             "decode_seconds": batches.seconds, "calibration_images": batches.images,
             "passes": {p["name"]: p["seconds"] for p in meta["passes"]},
             "observer": policy.activation.observer, "per_channel": bool(policy.weight.per_channel),
@@ -280,7 +310,8 @@ def spec_for(config: Config, model: str, calib_images: int, batch: int, output: 
     spec = {"kind": config.tool, "model": model, "calib_images": calib_images, "batch": batch,
             "output": str(output)}
     if config.tool == "ppqlike":
-        spec.update(platform=config.platform, observer=config.observer, config=str(output.with_suffix(".json")))
+        spec.update(platform=config.platform, observer=config.observer, passes=list(config.passes),
+                    config=str(output.with_suffix(".json")))
     else:
         spec.update(method=config.method, per_channel=bool(config.per_channel))
     return spec

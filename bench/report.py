@@ -21,6 +21,8 @@ KL_SECONDS = 10.0
 KL_RSS_MB = 1024.0
 SPEEDUP = 1.5
 SIM_TOP1 = 1.0
+W4A8_POINTS = 0.02         # ACADEMIC_W4A8 (with AdaRound): top-1 within 2 points of FP32's
+MIXED_PRECISION_COSINE = 0.99
 
 
 def load_average() -> str:
@@ -112,23 +114,48 @@ def _short(row: dict) -> str:
     return _label(row).replace("ppqlike ", "").replace(" (default)", "")
 
 
+def _passes(row: dict) -> tuple:
+    return tuple(row["config"].get("passes") or ())
+
+
+def _accuracy_goal(model: dict, row: dict) -> tuple[str, str] | None:
+    """The accuracy goal ``row`` misses, if any: W4A8 rows against FP32 top-1, mixed-precision rows
+    against the output cosine, the others against top-1 agreement."""
+    accuracy = row["accuracy"]
+    if row["config"].get("platform") == "ACADEMIC_W4A8":
+        gap = model["fp32"]["top1"] - accuracy["top1"]
+        if gap > W4A8_POINTS:
+            return ("W4A8 top-1", f"{accuracy['top1']:.3f} vs FP32 {model['fp32']['top1']:.3f} "
+                                  f"({100 * gap:.1f} points > {100 * W4A8_POINTS:.0f})")
+        return None
+    if "mixed_precision" in _passes(row):
+        if accuracy["cosine"] < MIXED_PRECISION_COSINE:
+            return ("mixed-precision cosine", f"{accuracy['cosine']:.4f} < {MIXED_PRECISION_COSINE} "
+                                              f"(-{MIXED_PRECISION_COSINE - accuracy['cosine']:.4f})")
+        return None
+    agreement = accuracy["agreement"]
+    threshold = AGREEMENT_PER_CHANNEL if _per_channel(row) else AGREEMENT_PER_TENSOR
+    if agreement < threshold:
+        granularity = "per-channel" if _per_channel(row) else "per-tensor"
+        return ("agreement", f"{agreement:.3f} < {threshold:.2f} ({granularity}, -{threshold - agreement:.3f})")
+    return None
+
+
 def goal_misses(model: dict, row: dict) -> list[tuple[str, str]]:
     """(goal, text saying by how much) for every goal ``row`` misses."""
     misses = []
     if not _ok(row):
         return [("runs", "failed: " + str(_get(row, "quantization", "error", default="?"))[:200])]
-    agreement = row["accuracy"]["agreement"]
-    threshold = AGREEMENT_PER_CHANNEL if _per_channel(row) else AGREEMENT_PER_TENSOR
-    if agreement < threshold:
-        granularity = "per-channel" if _per_channel(row) else "per-tensor"
-        misses.append(("agreement", f"{agreement:.3f} < {threshold:.2f} ({granularity}, -{threshold - agreement:.3f})"))
+    accuracy = _accuracy_goal(model, row)
+    if accuracy is not None:
+        misses.append(accuracy)
     speedup = row["throughput"]["speedup"]
     if speedup < SPEEDUP:
         misses.append(("speed", f"{speedup:.2f}x < {SPEEDUP}x FP32 (-{SPEEDUP - speedup:.2f}x)"))
     if row["config"]["tool"] == "ppqlike":
         quant = row["quantization"]
         observer = row["config"].get("resolved_observer")
-        if model["model"] == KL_MODEL and observer == "kl":
+        if model["model"] == KL_MODEL and observer == "kl" and not _passes(row):
             if quant["wall_seconds"] > KL_SECONDS:
                 misses.append(("KL time", f"{quant['wall_seconds']:.1f} s > {KL_SECONDS:.0f} s "
                                           f"({quant['wall_seconds'] / KL_SECONDS:.1f}x)"))
@@ -179,6 +206,40 @@ def summary_line(model: dict) -> str:
         return text + ". ppqlike meets every goal."
     parts = [f"{goal}: " + "; ".join(items) for goal, items in by_goal.items()]
     return text + ". ppqlike goals missed — " + " — ".join(parts) + "."
+
+
+def _is_accuracy_row(row: dict) -> bool:
+    config = row["config"]
+    return config["tool"] == "ppqlike" and (bool(config.get("passes")) or config.get("platform") == "ACADEMIC_W4A8"
+                                            or config.get("observer") == "search")
+
+
+def accuracy_pass_lines(model: dict) -> list[str]:
+    """One bullet per accuracy-pass row: what it reached against its baseline row, and its goal."""
+    lines = []
+    rows = model["rows"]
+    for key, row in rows.items():
+        if not _is_accuracy_row(row) or not _ok(row):
+            continue
+        config, accuracy = row["config"], row["accuracy"]
+        child = _get(row, "quantization", "child") or {}
+        baseline = rows.get(f"ppqlike:{config['platform']}:default") if config.get("passes") else None
+        text = (f"{_short(row)}: top-1 {accuracy['top1']:.3f} (FP32 {model['fp32']['top1']:.3f}), agreement "
+                f"{accuracy['agreement']:.3f}, cosine {accuracy['cosine']:.4f}")
+        if baseline is not None and _ok(baseline):
+            text += (f"; without the pass(es): top-1 {baseline['accuracy']['top1']:.3f}, agreement "
+                     f"{baseline['accuracy']['agreement']:.3f}, cosine {baseline['accuracy']['cosine']:.4f}")
+        seconds = {k: v for k, v in (child.get("passes") or {}).items()
+                   if k in (*config.get("passes", ()), "calibration")}
+        text += "; pass time " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+        if "mixed_precision" in config.get("passes", ()):
+            moved = child.get("fp32_ops") or []
+            total = (child.get("target_ops") or 0) + len(moved)
+            text += f"; {len(moved)} of {total} ops moved to FP32" + (f" ({', '.join(moved)})" if moved else "")
+        goal = _accuracy_goal(model, row)
+        text += "; goal " + ("met" if goal is None else f"missed ({goal[0]}: {goal[1]})")
+        lines.append(f"- {text}.")
+    return (["Accuracy passes (each against the same platform's default row):", ""] + lines + [""]) if lines else []
 
 
 # ---------------------------------------------------------------- formatting
@@ -242,7 +303,7 @@ def model_table(model: dict) -> list[str]:
             f"| {a['top1']:.3f} | {a['top5']:.3f} | {a['agreement']:.3f} | {_f(a['snr_db'], 1)} | {a['cosine']:.4f} "
             f"| {q['wall_seconds']:.1f} | {q['peak_rss_mb']:.0f} | {t['speedup']:.2f} "
             f"| {_sim_top1(sim)} | {_f(sim.get('within_one_step'))} | {sim_max} |")
-    lines += ["", *_time_breakdown(model), "", summary_line(model), ""]
+    lines += ["", *_time_breakdown(model), "", *accuracy_pass_lines(model), summary_line(model), ""]
     return lines
 
 
@@ -326,6 +387,17 @@ def render(results: dict, partial: bool = False) -> str:
              "observer, *kl* sets `setting.activation_observer='kl'`. TRT_INT8 and TPU_INT8 already default to KL, "
              "so their kl rows are the default rows (marked ≡, run once). Weights: per-channel symmetric int8 on "
              "TRT/ORT/TPU, per-tensor asymmetric uint8 on DSP.",
+             "- Accuracy-pass rows (opt-in through the setting): *+ equalization* (cross-layer equalization), "
+             "*+ bias_correction*, *+ adaround* (learned rounding of the 4-bit weights of ACADEMIC_W4A8), "
+             f"*+ mixed_precision* (`mixed_precision_target_cosine={MIXED_PRECISION_COSINE}`: the fewest ops moved "
+             "to FP32, chosen on calibration data), and *search* (the TPU-MLIR-style threshold search observer). "
+             "Their goals: DSP_INT8 (per-tensor) with equalization ≥ 0.97 agreement on EfficientNet-Lite0; "
+             f"ACADEMIC_W4A8 with AdaRound within {100 * W4A8_POINTS:.0f} points of FP32 top-1; mixed precision an "
+             f"output cosine ≥ {MIXED_PRECISION_COSINE} on the dev images.",
+             "- ORT_INT8's simulation computes onnxruntime's integer kernels (QLinearConv, QLinearMatMul, QGemm, "
+             "QLinearAdd, QLinearGlobalAveragePool: exact int32 accumulator, float32 requantization), so its "
+             "outputs equal the deployed model's bit for bit; the other platforms simulate their own hardware "
+             "and are compared with onnxruntime's float QDQ arithmetic.",
              f"- Goals: agreement ≥ {AGREEMENT_PER_CHANNEL} per-channel and ≥ {AGREEMENT_PER_TENSOR} per-tensor; "
              f"KL on EfficientNet-Lite0 ≤ {KL_SECONDS:.0f} s and ≤ 1 GiB; ≥ {SPEEDUP}x FP32 throughput; "
              "simulation "

@@ -22,7 +22,7 @@ from .optim.base import DEFAULT_PASS_REGISTRY, QuantizationOptimizationPipeline
 from .optim.passes import (AdaroundPass, BiasCorrectionPass, FusionPass, IntegerRequantizationPass,
                            LayerwiseEqualizationPass, MixedPrecisionPass, ParameterBakingPass,
                            ParameterQuantizePass, PassiveParameterQuantizePass, QuantizationAlignmentPass,
-                           QuantizationSimplifyPass, RuntimeCalibrationPass)
+                           QuantizationSimplifyPass, RuntimeCalibrationPass, RuntimeKernelPass)
 from .platforms.dispatch import dispatch_graph
 from .platforms.policies import get_platform_policy
 from .platforms.quantizer import PlatformPolicy, PlatformQuantizer
@@ -76,6 +76,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                                          max_ops=setting.mixed_precision_max_ops, verbose=verbose > 0))
     if policy.integer_requantization:
         passes.append(IntegerRequantizationPass())
+    if policy.runtime_kernels:
+        passes.append(RuntimeKernelPass(policy.runtime_kernels))
     passes.append(ParameterBakingPass())
     return registry.apply(QuantizationOptimizationPipeline(passes))
 

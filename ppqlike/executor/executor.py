@@ -7,7 +7,9 @@ so passes that change weights need no recompilation.
 
 Quantization simulation: when an op carries an OperationQuantizationConfig,
 the inputs and outputs whose configs are in an applied state are
-fake-quantized around the kernel (see ``ppqlike.executor.simulation``).
+fake-quantized around the kernel (see ``ppqlike.executor.simulation``); ops
+marked for the deployment runtime's integer kernels are computed as those
+kernels compute them (``ppqlike.executor.onnxruntime_kernels``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from .ops import Kernel, build_kernel
+from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .simulation import apply_config, apply_output_config
 
 
@@ -67,8 +70,11 @@ class NumpyExecutor:
     >>> logits, = executor.forward({"input": images})
     """
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, runtime_kernels: bool = True):
         self.graph = graph
+        #: False: ops marked for the deployment runtime's integer kernels run their float kernel
+        #: instead (the QDQ semantics of the ONNX spec, as onnxruntime runs it unoptimized).
+        self.runtime_kernels = runtime_kernels
         self._kernels: dict[str, tuple[int, Kernel]] = {}
         self._plans: dict[tuple, _Plan] = {}
         self._plan_revision = -1
@@ -226,7 +232,7 @@ class NumpyExecutor:
                 if replaced is not None:
                     arguments = list(replaced)
             try:
-                results = step.kernel(arguments)
+                results = self._run_kernel(operation, step.kernel, arguments)
             except PPQLikeError:
                 raise
             except Exception as error:  # a numpy error inside a kernel: name the node
@@ -313,9 +319,18 @@ class NumpyExecutor:
         return [apply_output_config(tqc, value) for tqc, value in
                 zip(config.output_quantization_config, results)] + list(results[len(config.output_quantization_config):])
 
+    def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list) -> list:
+        """The op's raw results: its float kernel, or the deployment runtime's integer kernel where marked."""
+        if self.runtime_kernels and wants_runtime_kernel(operation):
+            results = run_runtime_kernel(operation, kernel, arguments)
+            if results is not None:
+                return results
+        return kernel(arguments)
+
     def run_operation(self, operation: Operation, inputs: list, quantized: bool = True) -> list:
         """Run one op on given input arrays (through its configs when ``quantized``)."""
         kernel = self._kernel(operation)
         if quantized:
-            return self._quantize_outputs(operation, kernel(self._quantize_inputs(operation, list(inputs))))
+            arguments = self._quantize_inputs(operation, list(inputs))
+            return self._quantize_outputs(operation, self._run_kernel(operation, kernel, arguments))
         return list(kernel(list(inputs)))

@@ -2,7 +2,9 @@
 
 uint8 asymmetric activations per tensor (what onnxruntime's x86 integer
 kernels fuse best), int8 symmetric per-channel weights, int32 bias,
-half-to-even rounding like QuantizeLinear.
+half-to-even rounding like QuantizeLinear.  The simulation computes Conv,
+MatMul, Gemm, Add and GlobalAveragePool as onnxruntime's integer kernels do
+(``runtime_kernels='onnxruntime'``), so it matches the deployed model.
 """
 
 from .quantizer import PlatformPolicy, TensorPolicy
@@ -13,6 +15,7 @@ ORT_INT8_POLICY = PlatformPolicy(
     activation=TensorPolicy(num_of_bits=8, symmetric=False, signed=False, observer="minmax"),
     weight=TensorPolicy(num_of_bits=8, symmetric=True, per_channel=True, narrow_range=True),
     bias_int32=True,
+    runtime_kernels="onnxruntime",
     exporter="qdq_onnx",
     description="onnxruntime CPU: uint8 asymmetric activations, per-channel int8 weights, int32 bias",
 )

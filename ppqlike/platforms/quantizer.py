@@ -76,6 +76,7 @@ class PlatformPolicy:
     add_alignment: str = "none"                 # 'none' | 'larger' | 'output'
     concat_alignment: bool = True
     integer_requantization: bool = False        # True: multiplier + right shift (TPU-MLIR)
+    runtime_kernels: str | None = None          # 'onnxruntime': simulate its integer CPU kernels bit for bit
     exporter: str = "qdq_onnx"
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False)

@@ -11,8 +11,10 @@ from .mixed_precision import MixedPrecisionPass
 from .parameter import ParameterQuantizePass
 from .passive import PassiveParameterQuantizePass
 from .requantization import IntegerRequantizationPass
+from .runtime_kernels import RuntimeKernelPass
 from .simplify import QuantizationSimplifyPass
 
 __all__ = ["FusionPass", "QuantizationSimplifyPass", "ParameterQuantizePass", "RuntimeCalibrationPass",
            "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass",
-           "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass"]
+           "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass",
+           "RuntimeKernelPass"]

@@ -1,0 +1,203 @@
+"""Quantized ops computed as onnxruntime's CPU integer kernels compute them (bit for bit).
+
+onnxruntime fuses a QDQ model's DequantizeLinear -> op -> QuantizeLinear
+groups into integer kernels (QLinearConv, QLinearMatMul, QGemm, QLinearAdd,
+QLinearGlobalAveragePool).  Their results differ from "float op on
+dequantized values, then QuantizeLinear" wherever a value lies near a
+rounding boundary, and over fifty layers such one-step flips compound.  An
+op whose output config carries ``detail['runtime_kernel'] = 'onnxruntime'``
+(written by ``OnnxruntimeKernelPass``) is therefore simulated as the kernel
+computes it.  With q the integers, z the zero points and S the scales
+(float32, as the exported model stores them):
+
+* Conv / MatMul / Gemm (QLinearConv, QLinearMatMul, QGemm):
+  acc = sum (q_x - z_x)(q_w - z_w) + q_bias, exact (computed in float64 on
+  integers); M = float32(float32(S_x * S_w) / S_y) per output channel;
+  q_y = clamp(rint(float32(acc) * M), qmin - z_y, qmax - z_y) + z_y
+  (MLAS's requantization: a float32 product rounded half to even).
+* Add (QLinearAdd): with r_a = float32(S_a / S_y), r_b = float32(S_b / S_y),
+  q_y = clamp(rint(r_a (q_a - z_a) + r_b (q_b - z_b)) + z_y) in float32.
+* GlobalAveragePool (QLinearGlobalAveragePool): acc = sum (q_x - z_x) over
+  the N spatial positions; M = float32(S_x / float32(S_y * N)); then as Conv.
+
+The output is quantized with the op's own output config, or, when that is
+OVERLAPPED by a fused activation's (Conv -> Relu/Clip), on the grid of the
+config at the end of the chain, which is where onnxruntime quantizes once
+the activation is folded into the quantization range; the clamp is then
+left to the activation and that config, so the op's own output still holds
+its pre-activation values (what hooks and the error analysis read).  An op whose inputs are
+not all quantized (the graph running dequantized, or during calibration)
+runs its ordinary float kernel, and so does an op whose input values are
+not on their configs' grids (their producer ran in float).  Reads the
+configs; writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..core.ir import Operation
+from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
+
+RUNTIME_KERNEL = "onnxruntime"
+LINEAR_TYPES = frozenset({"Conv", "MatMul", "Gemm"})
+SUPPORTED_TYPES = LINEAR_TYPES | {"Add", "GlobalAveragePool"}
+_F32 = np.float32
+
+
+def wants_runtime_kernel(operation: Operation) -> bool:
+    """Whether ``operation`` is marked to run as onnxruntime's integer kernel."""
+    config = operation.config
+    if config is None or operation.type not in SUPPORTED_TYPES or not config.output_quantization_config:
+        return False
+    output = config.output_quantization_config[0]
+    return output is not None and output.detail.get("runtime_kernel") == RUNTIME_KERNEL
+
+
+def _root(config: TensorQuantizationConfig | None) -> TensorQuantizationConfig | None:
+    """The applied config that quantizes the value seen through ``config`` (following OVERLAPPED), or None."""
+    while config is not None and config.state is QuantizationStates.OVERLAPPED:
+        config = config.master
+    if config is None or not (is_applied(config.state) or is_baked(config.state)):
+        return None
+    if config.state is QuantizationStates.SLAVE and config.master.state is QuantizationStates.INITIAL:
+        return None
+    return config
+
+
+def _per_tensor(config: TensorQuantizationConfig) -> bool:
+    return np.size(config.scale) == 1
+
+
+def _integers(config: TensorQuantizationConfig, value) -> np.ndarray | None:
+    """q - z of a value already on ``config``'s grid, as float64 integers; None if it is not on the grid.
+
+    A value is on the grid when the op producing it quantized it; it is not when that op ran in
+    float (the error analyses run one op quantized at a time), and then the float kernel runs.
+    """
+    scale = np.asarray(config.scale, np.float64)
+    value = np.asarray(value)
+    if scale.size > 1:
+        shape = [1] * value.ndim
+        shape[config.channel_axis % value.ndim] = -1
+        scale = scale.reshape(shape)
+    steps = value.astype(np.float64) / scale
+    integers = np.rint(steps)
+    if not np.all(np.abs(steps - integers) <= 1e-3 + 1e-6 * np.abs(integers)):  # float32 keeps ~7 digits
+        return None
+    return integers
+
+
+def _requantize(accumulator: np.ndarray, multiplier: np.ndarray, output: TensorQuantizationConfig,
+                clamp: bool = True) -> np.ndarray:
+    """MLAS's requantization of an exact accumulator, then dequantized with ``output``.
+
+    ``clamp=False`` (the op's activation is fused after it) leaves the range to the activation op
+    and the quantization after it, so the op's own output keeps its pre-activation values.
+    """
+    zero = int(np.asarray(output.offset).reshape(-1)[0])
+    q = np.rint(accumulator.astype(_F32) * multiplier)
+    if clamp:
+        q = np.clip(q, output.quant_min - zero, output.quant_max - zero)
+    return output.dequantize((q + zero).astype(np.int64))
+
+
+def _channel_multiplier(scale_in, scale_weight, scale_out, rank: int, axis: int) -> np.ndarray:
+    product = (_F32(scale_in) * np.asarray(scale_weight, _F32)).astype(_F32)
+    multiplier = (product / _F32(scale_out)).astype(_F32)
+    if multiplier.size > 1:
+        shape = [1] * rank
+        shape[axis % rank] = -1
+        multiplier = multiplier.reshape(shape)
+    return multiplier
+
+
+def _output_axis(operation: Operation, rank: int) -> int:
+    if operation.type == "Conv":
+        return 1
+    return rank - 1  # MatMul / Gemm: the output's last axis (Gemm's transB is the kernel's business)
+
+
+def _fused(operation: Operation) -> bool:
+    own = operation.config.output_quantization_config[0]
+    return own.state is QuantizationStates.OVERLAPPED
+
+
+def _linear(operation, kernel, arguments, configs, output):
+    data, weight = configs[0], configs[1]
+    if data is None or weight is None or not _per_tensor(data):
+        return None
+    bias_config = configs[2] if len(configs) > 2 else None
+    if len(arguments) > 2 and arguments[2] is not None and bias_config is None:
+        return None  # a float bias (kept FP32) is not what QLinearConv computes
+    integers = [_integers(data, arguments[0]), _integers(weight, arguments[1])]
+    if len(arguments) > 2 and arguments[2] is not None:
+        integers.append(_integers(bias_config, arguments[2]))
+    if any(i is None for i in integers):
+        return None
+    integers += list(arguments[len(integers):])
+    if operation.type == "Gemm" and (operation.attributes.get("alpha", 1.0) != 1.0
+                                     or operation.attributes.get("beta", 1.0) != 1.0):
+        return None
+    accumulator = kernel(integers)[0]
+    axis = _output_axis(operation, accumulator.ndim)
+    if np.size(weight.scale) not in (1, accumulator.shape[axis]):
+        return None
+    multiplier = _channel_multiplier(data.scale, weight.scale, output.scale, accumulator.ndim, axis)
+    return [_requantize(accumulator, multiplier, output, clamp=not _fused(operation))]
+
+
+def _add(operation, kernel, arguments, configs, output):
+    if len(configs) < 2 or configs[0] is None or configs[1] is None:
+        return None
+    if not (_per_tensor(configs[0]) and _per_tensor(configs[1])):
+        return None
+    scale_out = _F32(output.scale)
+    integers = [_integers(config, value) for config, value in zip(configs[:2], arguments[:2])]
+    if any(i is None for i in integers):
+        return None
+    total = None
+    for config, value in zip(configs[:2], integers):
+        ratio = _F32(_F32(config.scale) / scale_out)
+        term = (ratio * value.astype(_F32)).astype(_F32)
+        total = term if total is None else total + term
+    zero = int(np.asarray(output.offset).reshape(-1)[0])
+    q = np.clip(np.rint(total), output.quant_min - zero, output.quant_max - zero) + zero
+    return [output.dequantize(q.astype(np.int64))]
+
+
+def _global_average_pool(operation, kernel, arguments, configs, output):
+    data = configs[0]
+    if data is None or not _per_tensor(data):
+        return None
+    integers = _integers(data, arguments[0])
+    if integers is None:
+        return None
+    positions = int(np.prod(integers.shape[2:]))
+    accumulator = integers.sum(axis=tuple(range(2, integers.ndim)), keepdims=True)
+    multiplier = _F32(_F32(data.scale) / _F32(_F32(output.scale) * _F32(positions)))
+    return [_requantize(accumulator, multiplier, output)]
+
+
+_KERNELS: dict[str, Callable] = {"Conv": _linear, "MatMul": _linear, "Gemm": _linear, "Add": _add,
+                                 "GlobalAveragePool": _global_average_pool}
+
+
+def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequence) -> list | None:
+    """The op's outputs as onnxruntime's integer kernel computes them, or None where it does not apply.
+
+    ``arguments`` are the op's inputs after its input configs (already
+    quantized values); the result is dequantized float32, already on the
+    output grid of the quantizing config.
+    """
+    config = operation.config
+    output = _root(config.output_quantization_config[0])
+    if output is None or not _per_tensor(output) or output.state in (QuantizationStates.BAKED,):
+        return None
+    configs = [_root(c) for c in config.input_quantization_config]
+    present = [i for i, value in enumerate(arguments[:len(configs)]) if value is not None]
+    if any(configs[i] is None for i in present if operation.type not in LINEAR_TYPES or i < 2):
+        return None
+    return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output)

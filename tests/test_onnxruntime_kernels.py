@@ -1,0 +1,86 @@
+"""ORT_INT8 simulates onnxruntime's integer kernels: the exported model, run by onnxruntime with its
+default optimizations (QDQ groups fused into QLinearConv, QLinearAdd, QLinearGlobalAveragePool,
+QGemm), gives exactly the simulation's outputs, bit for bit, on a graph with every kernel kind."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from ppqlike import api
+from ppqlike.executor import NumpyExecutor
+from ppqlike.executor.onnxruntime_kernels import wants_runtime_kernel
+from ppqlike.export.verify import run_qdq_model
+
+
+def _model(seed: int) -> onnx.ModelProto:
+    """Conv(3x3)+Relu -> depthwise Conv+Clip -> 1x1 Conv, residual Add, GlobalAveragePool, Flatten, Gemm."""
+    rng = np.random.default_rng(seed)
+
+    def weight(name, *shape, scale=0.3):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=8, name="depthwise"),
+        helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"], name="clip"),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], name="pointwise"),
+        helper.make_node("Add", ["c3", "r1"], ["s"], name="add"),
+        helper.make_node("GlobalAveragePool", ["s"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "w4", "b4"], ["y"], transB=1, name="fc"),
+    ]
+    initializers = [weight("w1", 8, 3, 3, 3), weight("b1", 8, scale=0.1), weight("w2", 8, 1, 3, 3),
+                    weight("b2", 8, scale=0.1), weight("w3", 8, 8, 1, 1), weight("b3", 8, scale=0.1),
+                    weight("w4", 10, 8), weight("b4", 10, scale=0.1),
+                    numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                    numpy_helper.from_array(np.array(6, np.float32), "hi")]
+    graph = helper.make_graph(nodes, "kernels", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _quantized(seed: int, tmp_path):
+    rng = np.random.default_rng(seed + 100)
+    path = tmp_path / f"m{seed}.onnx"
+    onnx.save(_model(seed), path)
+    calibration = [rng.standard_normal((8, 3, 12, 12)).astype(np.float32) for _ in range(2)]
+    graph = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
+    exported = api.export_ppq_graph(graph, "ORT_INT8", tmp_path / f"q{seed}.onnx")[0]
+    return graph, onnx.load(exported)
+
+
+def test_every_kernel_kind_is_marked(tmp_path):
+    graph, _ = _quantized(0, tmp_path)
+    marked = sorted(op.name for op in graph.operations.values() if wants_runtime_kernel(op))
+    assert marked == ["add", "conv1", "depthwise", "fc", "gap", "pointwise"]
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_simulation_equals_onnxruntime_bit_for_bit(seed, tmp_path_factory):
+    graph, model = _quantized(seed, tmp_path_factory.mktemp("k"))
+    x = np.random.default_rng(seed + 7).standard_normal((16, 3, 12, 12)).astype(np.float32) * 1.5
+    deployed = run_qdq_model(model, {"x": x})[0]
+    simulated = NumpyExecutor(graph).forward(x)[0]
+    np.testing.assert_array_equal(simulated, deployed)
+    # the float kernels (the ONNX QDQ semantics, onnxruntime unoptimized) are close but not equal
+    spec = NumpyExecutor(graph, runtime_kernels=False).forward(x)[0]
+    step = float(graph.operations["fc"].config.output_quantization_config[0].scale)
+    assert np.max(np.abs(spec - run_qdq_model(model, {"x": x}, optimization="disable")[0])) <= 4 * step
+
+
+def test_off_grid_inputs_fall_back_to_the_float_kernel(tmp_path):
+    graph, _ = _quantized(1, tmp_path)
+    executor = NumpyExecutor(graph)
+    operation = graph.operations["pointwise"]
+    x = np.random.default_rng(3).random((2, 8, 12, 12)).astype(np.float32)  # not on the input grid
+    got = executor.run_operation(operation, [x, operation.inputs[1].value, operation.inputs[2].value])[0]
+    reference = NumpyExecutor(graph, runtime_kernels=False).run_operation(
+        operation, [x, operation.inputs[1].value, operation.inputs[2].value])[0]
+    np.testing.assert_array_equal(got, reference)
