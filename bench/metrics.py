@@ -6,7 +6,10 @@
 * :func:`ort_session`, :func:`ort_outputs` — onnxruntime CPU sessions with the benchmark's options
   (``intra_op_num_threads=2``, one inter-op thread, every graph optimization);
 * :func:`relative_throughput` — throughput of one session against another on the same batch,
-  repetitions interleaved so that load from other processes hits both alike.
+  repetitions interleaved so that load from other processes hits both alike;
+* :func:`runtime_kernels` — which kernels onnxruntime actually runs for a model's Conv, MatMul and
+  Gemm after its graph optimizations (integer QLinear kernels or float ones): what explains a
+  quantized model's speed, and whether its arithmetic is integer.
 """
 
 from __future__ import annotations
@@ -54,6 +57,33 @@ def ort_session(model_path, threads: int = INTRA_OP_THREADS):
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
     return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+
+
+INTEGER_KERNELS = frozenset({"QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger",
+                             "MatMulIntegerToFloat", "DynamicQuantizeMatMul"})
+FLOAT_KERNELS = frozenset({"Conv", "FusedConv", "NchwcConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm",
+                           "ConvTranspose"})
+
+
+def runtime_kernels(model_path) -> dict:
+    """``{"integer", "float", "quantize_nodes", "op_types"}``: of the model's Conv/MatMul/Gemm, how many
+    onnxruntime runs as integer kernels and how many in float after optimizing the graph (the session
+    options of :func:`ort_session`), and how many QuantizeLinear/DequantizeLinear nodes remain."""
+    import collections
+    import os
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory() as folder:
+        options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
+        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        counts = collections.Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+    return {"integer": sum(counts[t] for t in INTEGER_KERNELS), "float": sum(counts[t] for t in FLOAT_KERNELS),
+            "quantize_nodes": counts["QuantizeLinear"] + counts["DequantizeLinear"], "op_types": dict(counts)}
 
 
 def ort_outputs(session, images: np.ndarray, batch: int = 16) -> np.ndarray:

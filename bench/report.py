@@ -141,6 +141,15 @@ def _accuracy_goal(model: dict, row: dict) -> tuple[str, str] | None:
     return None
 
 
+def _float_kernels(row: dict) -> str:
+    """'; onnxruntime runs F of N Conv/MatMul/Gemm in float' where it does (measured on its optimized graph)."""
+    kernels = row.get("kernels")
+    if not kernels or not kernels.get("float"):
+        return ""
+    total = kernels["float"] + kernels["integer"]
+    return f"; onnxruntime runs {kernels['float']} of its {total} Conv/MatMul/Gemm in float"
+
+
 def goal_misses(model: dict, row: dict) -> list[tuple[str, str]]:
     """(goal, text saying by how much) for every goal ``row`` misses."""
     misses = []
@@ -151,7 +160,7 @@ def goal_misses(model: dict, row: dict) -> list[tuple[str, str]]:
         misses.append(accuracy)
     speedup = row["throughput"]["speedup"]
     if speedup < SPEEDUP:
-        misses.append(("speed", f"{speedup:.2f}x < {SPEEDUP}x FP32 (-{SPEEDUP - speedup:.2f}x)"))
+        misses.append(("speed", f"{speedup:.2f}x < {SPEEDUP}x FP32 (-{SPEEDUP - speedup:.2f}x{_float_kernels(row)})"))
     if row["config"]["tool"] == "ppqlike":
         quant = row["quantization"]
         observer = row["config"].get("resolved_observer")
@@ -167,7 +176,7 @@ def goal_misses(model: dict, row: dict) -> list[tuple[str, str]]:
         elif sim["top1_agreement"] < SIM_TOP1:
             differ = round((1 - sim["top1_agreement"]) * sim["images"])
             misses.append(("sim = deploy", f"top-1 equal {sim['top1_agreement']:.3f} ({differ} of {sim['images']} "
-                                           "images differ)"))
+                                           f"images differ{_float_kernels(row)})"))
     return misses
 
 
@@ -259,6 +268,11 @@ def _activation(row: dict) -> str:
             "asymmetric int8": "s8 asym", "asymmetric int8 (QInt8)": "s8 asym"}.get(text, text or "–")
 
 
+def _kernel_counts(row: dict) -> str:
+    kernels = row.get("kernels")
+    return f"{kernels['integer']}/{kernels['float']}" if kernels else "–"
+
+
 def _sim_top1(sim: dict) -> str:
     """Equal top-1 fraction; where some differ, how many of those are near ties (the deployed
     top-1 class within one step of the simulation's best)."""
@@ -281,17 +295,17 @@ def model_table(model: dict) -> list[str]:
              + (f"; {fp32_rate:.0f} images/s at batch 16, 2 threads (median over the rows)." if fp32_rate else "."),
              "",
              "| row | weights | act. | top-1 | top-5 | agree FP32 | SNR dB | cosine | quant. s | peak MiB "
-             "| speed ×FP32 | sim top-1 = | sim ≤1 step | sim max Δ (steps) |",
-             "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "| speed ×FP32 | int/float kernels | sim top-1 = | sim ≤1 step | sim max Δ (steps) |",
+             "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for row in model["rows"].values():
         label = _label(row)
         if "same_as" in row:
             lines.append(f"| {label} | ≡ the default row above (the preset's observer is already "
-                         f"{row['config'].get('resolved_observer')}): run once | | | | | | | | | | | | |")
+                         f"{row['config'].get('resolved_observer')}): run once | | | | | | | | | | | | | |")
             continue
         if not _ok(row):
             lines.append(f"| {label} | | | failed: {str(_get(row, 'quantization', 'error', default='?'))[:120]} "
-                         "| | | | | | | | | | |")
+                         "| | | | | | | | | | | |")
             continue
         a, q, t = row["accuracy"], row["quantization"], row["throughput"]
         sim = row.get("simulation") or {}
@@ -301,7 +315,7 @@ def model_table(model: dict) -> list[str]:
         lines.append(
             f"| {label} | {'per-channel' if _per_channel(row) else 'per-tensor'} | {_activation(row)} "
             f"| {a['top1']:.3f} | {a['top5']:.3f} | {a['agreement']:.3f} | {_f(a['snr_db'], 1)} | {a['cosine']:.4f} "
-            f"| {q['wall_seconds']:.1f} | {q['peak_rss_mb']:.0f} | {t['speedup']:.2f} "
+            f"| {q['wall_seconds']:.1f} | {q['peak_rss_mb']:.0f} | {t['speedup']:.2f} | {_kernel_counts(row)} "
             f"| {_sim_top1(sim)} | {_f(sim.get('within_one_step'))} | {sim_max} |")
     lines += ["", *_time_breakdown(model), "", *accuracy_pass_lines(model), summary_line(model), ""]
     return lines
@@ -375,7 +389,11 @@ def render(results: dict, partial: bool = False) -> str:
              "benchmark's parent.",
              "- **speed ×FP32**: throughput of the quantized model over the FP32 model's, both in onnxruntime "
              f"(CPU, intra_op_num_threads=2, all graph optimizations), batch {options['batch']}, "
-             f"{options['repetitions']} interleaved pairs of 3-run measurements, median of the pair ratios.",
+             f"{options['repetitions']} interleaved pairs of 3-run measurements, median of the pair ratios. "
+             "**int/float kernels**: of the model's Conv/MatMul/Gemm, how many onnxruntime runs as integer kernels "
+             "(QLinearConv, QLinearMatMul, QGemm) and how many in float (Conv, FusedConv, MatMul, ...) after its "
+             "graph optimizations, read from the optimized graph it saves: float ones dequantize their inputs and "
+             "cost speed.",
              "- **sim**: ppqlike's own simulation (NumpyExecutor on the graph reloaded from the exported config "
              "JSON) against the exported model in onnxruntime, on the same dev images: fraction of equal top-1, "
              "in brackets, where they differ, counting as equal a deployed top-1 class whose simulated output is "

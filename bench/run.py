@@ -113,6 +113,7 @@ def run_model(model: str, args, workdir: Path, log, progress=None) -> dict:
         outputs = metrics.ort_outputs(session, images, args.batch)
         row["accuracy"] = {**metrics.classification(outputs, labels), **metrics.against_reference(outputs, reference)}
         row["throughput"] = metrics.relative_throughput(session, fp32_session, throughput_batch, args.repetitions)
+        row["kernels"] = metrics.runtime_kernels(output)
         del session
         text = (f"top-1 {row['accuracy']['top1']:.3f} agree {row['accuracy']['agreement']:.3f} "
                 f"SNR {row['accuracy']['snr_db']:.1f} dB; {measured['wall_seconds']:.1f} s "
