@@ -84,3 +84,30 @@ def test_off_grid_inputs_fall_back_to_the_float_kernel(tmp_path):
     reference = NumpyExecutor(graph, runtime_kernels=False).run_operation(
         operation, [x, operation.inputs[1].value, operation.inputs[2].value])[0]
     np.testing.assert_array_equal(got, reference)
+
+
+def _ort_qlinear_add(a, b, sa, za, sb, zb, sy, zy):
+    initializers = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("sa", sa), ("sb", sb), ("sy", sy))]
+    initializers += [numpy_helper.from_array(np.array(v, np.uint8), n) for n, v in (("za", za), ("zb", zb), ("zy", zy))]
+    node = helper.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain="com.microsoft")
+    graph = helper.make_graph([node], "qadd", [helper.make_tensor_value_info(n, TensorProto.UINT8, list(a.shape))
+                                               for n in ("a", "b")],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=8)
+    return run_qdq_model(model, {"a": a, "b": b})[0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), ratios=st.sampled_from([(0.5, 0.5), (0.5, 0.25), (1.5, 0.5), None]))
+def test_qlinear_add_matches_onnxruntime_on_ties(seed, ratios):
+    """Scales in simple ratios make exact .5 results common: the rounding order must be onnxruntime's."""
+    from ppqlike.executor.onnxruntime_kernels import qlinear_add
+    rng = np.random.default_rng(seed)
+    a, b = (rng.integers(0, 256, (4, 32, 8, 8)).astype(np.uint8) for _ in range(2))
+    sy = np.float32(rng.uniform(0.01, 0.1))
+    sa, sb = ((np.float32(sy * r) for r in ratios) if ratios else
+              (np.float32(rng.uniform(0.01, 0.06)) for _ in range(2)))
+    za, zb, zy = (int(v) for v in rng.integers(0, 256, 3))
+    expected = _ort_qlinear_add(a, b, sa, za, sb, zb, sy, zy)
+    np.testing.assert_array_equal(qlinear_add(a, b, sa, za, sb, zb, sy, zy, 0, 255), expected)

@@ -15,8 +15,9 @@ computes it.  With q the integers, z the zero points and S the scales
   integers); M = float32(float32(S_x * S_w) / S_y) per output channel;
   q_y = clamp(rint(float32(acc) * M), qmin - z_y, qmax - z_y) + z_y
   (MLAS's requantization: a float32 product rounded half to even).
-* Add (QLinearAdd): with r_a = float32(S_a / S_y), r_b = float32(S_b / S_y),
-  q_y = clamp(rint(r_a (q_a - z_a) + r_b (q_b - z_b)) + z_y) in float32.
+* Add (QLinearAdd): with r_a = float32(S_a / S_y), r_b = float32(S_b / S_y)
+  and f = z_y - (r_a z_a + r_b z_b), q_y = clamp(rint(fma(r_a, q_a,
+  fma(r_b, q_b, f)))) in float32 (see :func:`qlinear_add`).
 * GlobalAveragePool (QLinearGlobalAveragePool): acc = sum (q_x - z_x) over
   the N spatial positions; M = float32(S_x / float32(S_y * N)); then as Conv.
 
@@ -97,7 +98,7 @@ def _requantize(accumulator: np.ndarray, multiplier: np.ndarray, output: TensorQ
     ``clamp=False`` (the op's activation is fused after it) leaves the range to the activation op
     and the quantization after it, so the op's own output keeps its pre-activation values.
     """
-    zero = int(np.asarray(output.offset).reshape(-1)[0])
+    zero = _zero(output)
     q = np.rint(accumulator.astype(_F32) * multiplier)
     if clamp:
         q = np.clip(q, output.quant_min - zero, output.quant_max - zero)
@@ -149,23 +150,43 @@ def _linear(operation, kernel, arguments, configs, output):
     return [_requantize(accumulator, multiplier, output, clamp=not _fused(operation))]
 
 
+def _fma(a, b, c) -> np.ndarray:
+    """float32(a * b + c) rounded once, as an FMA instruction computes it (float64 holds a float32 product exactly)."""
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(_F32)
+
+
+def qlinear_add(qa, qb, scale_a, zero_a, scale_b, zero_b, scale_y, zero_y, quant_min, quant_max) -> np.ndarray:
+    """onnxruntime's QLinearAdd on integers (MLAS, x86 with FMA), bit for bit.
+
+    r_a = S_a / S_y, r_b = S_b / S_y and the fixed part f = z_y - (r_a z_a + r_b z_b) in float32,
+    then y = fma(r_a, q_a, fma(r_b, q_b, f)), rounded half to even and clamped.  The order of the
+    fused multiply-adds decides exact ties (measured against onnxruntime on tie-heavy inputs).
+    """
+    ratio_a = _F32(_F32(scale_a) / _F32(scale_y))
+    ratio_b = _F32(_F32(scale_b) / _F32(scale_y))
+    fixed = _F32(_F32(zero_y) - _fma(ratio_a, _F32(zero_a), _F32(ratio_b * _F32(zero_b))))
+    value = _fma(ratio_a, np.asarray(qa, _F32), _fma(ratio_b, np.asarray(qb, _F32), fixed))
+    return np.clip(np.rint(value), quant_min, quant_max)
+
+
 def _add(operation, kernel, arguments, configs, output):
     if len(configs) < 2 or configs[0] is None or configs[1] is None:
         return None
     if not (_per_tensor(configs[0]) and _per_tensor(configs[1])):
         return None
-    scale_out = _F32(output.scale)
+    if any(np.size(value) == 1 for value in arguments[:2]):
+        return None  # a scalar operand takes another path inside onnxruntime
     integers = [_integers(config, value) for config, value in zip(configs[:2], arguments[:2])]
     if any(i is None for i in integers):
         return None
-    total = None
-    for config, value in zip(configs[:2], integers):
-        ratio = _F32(_F32(config.scale) / scale_out)
-        term = (ratio * value.astype(_F32)).astype(_F32)
-        total = term if total is None else total + term
-    zero = int(np.asarray(output.offset).reshape(-1)[0])
-    q = np.clip(np.rint(total), output.quant_min - zero, output.quant_max - zero) + zero
+    (a, b), zeros = integers, [_zero(config) for config in configs[:2]]
+    q = qlinear_add(a + zeros[0], b + zeros[1], configs[0].scale, zeros[0], configs[1].scale, zeros[1],
+                    output.scale, _zero(output), output.quant_min, output.quant_max)
     return [output.dequantize(q.astype(np.int64))]
+
+
+def _zero(config: TensorQuantizationConfig) -> int:
+    return int(np.asarray(config.offset).reshape(-1)[0])
 
 
 def _global_average_pool(operation, kernel, arguments, configs, output):
