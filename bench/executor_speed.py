@@ -119,10 +119,10 @@ def main() -> int:
     import numpy as np
     import onnxruntime
 
-    from ppqlike.executor.ops import _conv_fast
+    from ppqlike.executor.ops import _threads
     blas = _blas_description(np)
     print(f"threads: onnxruntime intra=inter={args.threads}; numpy: OpenBLAS {os.environ['OPENBLAS_NUM_THREADS']} "
-          f"({blas}, OPENBLAS_CORETYPE={coretype}), ppqlike kernels {_conv_fast.num_threads()} "
+          f"({blas}, OPENBLAS_CORETYPE={coretype}), ppqlike kernels {_threads.num_threads()} "
           f"(--numpy-threading {args.numpy_threading})")
     print(f"onnxruntime {onnxruntime.__version__}, numpy {np.__version__}, batch {args.batch}, "
           f"{args.iterations} timed runs each, best run reported\n")

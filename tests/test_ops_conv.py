@@ -5,7 +5,7 @@ import pytest
 
 import ppqlike
 from ppqlike.core.errors import PPQLikeError
-from ppqlike.executor.ops import _conv_fast
+from ppqlike.executor.ops import _conv_depthwise, _conv_fast, _threads
 from onnx_helpers import assert_matches_onnxruntime, single_node_model
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -45,9 +45,9 @@ def depthwise_path(request, monkeypatch):
     """Run a test under every depthwise strategy: the default choice by map size, always one row per
     channel over a padded copy ("rows"), always flat with per-position weights ("flat")."""
     if request.param == "rows":
-        monkeypatch.setattr(_conv_fast, "_EXPAND_BELOW", 0)
+        monkeypatch.setattr(_conv_depthwise, "_EXPAND_BELOW", 0)
     elif request.param == "flat":
-        monkeypatch.setattr(_conv_fast, "_EXPAND_BELOW", 10 ** 9)
+        monkeypatch.setattr(_conv_depthwise, "_EXPAND_BELOW", 10 ** 9)
     return request.param
 
 
@@ -81,8 +81,8 @@ def test_depthwise_large_map(stride):
 
 @pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 0, 0, 0]])
 def test_depthwise_several_images_per_chunk(pads, monkeypatch):
-    monkeypatch.setattr(_conv_fast, "_CHUNK", 100)          # 2 channels of 7x7 per block
-    monkeypatch.setattr(_conv_fast, "_CHUNK_IMAGES", 300)   # 3 images per chunk, the last chunk short
+    monkeypatch.setattr(_conv_depthwise, "_CHUNK", 100)  # 2 channels of 7x7 per block
+    monkeypatch.setattr(_conv_depthwise, "_CHUNK_IMAGES", 300)  # 3 images per chunk, the last chunk short
     _conv((7, 5, 7, 7), (5, 1, 3, 3), group=5, pads=pads)
 
 
@@ -118,11 +118,11 @@ def test_depthwise_channel_multiplier():
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_depthwise_thread_counts(threads):
-    _conv_fast.set_num_threads(threads)
+    _threads.set_num_threads(threads)
     try:
         _conv((5, 7, 10, 10), (7, 1, 3, 3), group=7, pads=[1, 1, 1, 1])
     finally:
-        _conv_fast.set_num_threads(None)
+        _threads.set_num_threads(None)
 
 
 @pytest.mark.parametrize("ci,k,stride", [(3, 3, 2), (16, 3, 1), (32, 5, 1), (12, 3, 2)])

@@ -2,7 +2,7 @@
 
 Conv supports groups, strides, dilations, explicit pads and every ``auto_pad``
 mode, with or without bias.  2-D convolutions (and 1-D ones, run as 2-D with
-a unit height) take one of the fast paths of ``_conv_fast``: a plain GEMM for
+a unit height) take one of the fast paths of ``_conv_fast`` and ``_conv_depthwise``: a plain GEMM for
 1x1, shifted multiply-adds for depthwise, a patch matrix + GEMM otherwise.
 Higher ranks use a generic patch matrix.  ConvTranspose is a GEMM followed by
 a strided scatter-add (col2im).
@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import _conv_fast
+from . import _conv_depthwise, _conv_fast
 from .base import Kernel, attribute, unsupported
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -132,7 +132,7 @@ def _conv2d(x, w, b, pads, strides, dilations, group, dtype) -> np.ndarray:
     if group == ci and cg == 1:
         if co != ci:  # channel multiplier: output channel o reads input channel o // (co / ci)
             x = np.repeat(x, co // ci, axis=1)
-        return _conv_fast.depthwise(x, w, b, pads, strides, dilations, dtype)
+        return _conv_depthwise.depthwise(x, w, b, pads, strides, dilations, dtype)
     return _conv_fast.im2col(x, w, b, pads, strides, dilations, group, dtype)
 
 
