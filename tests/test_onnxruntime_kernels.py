@@ -40,7 +40,8 @@ def _model(seed: int) -> onnx.ModelProto:
                     weight("w4", 10, 8), weight("b4", 10, scale=0.1),
                     numpy_helper.from_array(np.array(0, np.float32), "lo"),
                     numpy_helper.from_array(np.array(6, np.float32), "hi")]
-    graph = helper.make_graph(nodes, "kernels", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+    graph = helper.make_graph(nodes, "kernels",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
@@ -87,14 +88,15 @@ def test_off_grid_inputs_fall_back_to_the_float_kernel(tmp_path):
 
 
 def _ort_qlinear_add(a, b, sa, za, sb, zb, sy, zy):
-    initializers = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("sa", sa), ("sb", sb), ("sy", sy))]
+    initializers = [numpy_helper.from_array(np.array(v, np.float32), n)
+                    for n, v in (("sa", sa), ("sb", sb), ("sy", sy))]
     initializers += [numpy_helper.from_array(np.array(v, np.uint8), n) for n, v in (("za", za), ("zb", zb), ("zy", zy))]
     node = helper.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain="com.microsoft")
     graph = helper.make_graph([node], "qadd", [helper.make_tensor_value_info(n, TensorProto.UINT8, list(a.shape))
                                                for n in ("a", "b")],
                               [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)],
-                              ir_version=8)
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
     return run_qdq_model(model, {"a": a, "b": b})[0]
 
 

@@ -5,7 +5,9 @@
 * ``weight``: the parameter of Conv/ConvTranspose/Gemm/MatMul, possibly per channel;
 * ``bias``: int32 with scale S_input x S_weight (PASSIVE);
 * ``passive``: Clip bounds and the Pad value, on the grid of input 0 (PASSIVE);
-* ``none``: shapes, indices, sizes, roi and scales: never quantized.
+* ``none``: shapes, indices, sizes, roi and scales (the slots of
+  ``dispatch_soi.SOI_INPUTS``), and the extra operands of ops not listed
+  here: never quantized.
 """
 
 from __future__ import annotations
@@ -13,16 +15,13 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from ..core.ir import Operation
+from .dispatch_soi import soi_input_indices
 
 ACTIVATION, WEIGHT, BIAS, PASSIVE, NONE = "activation", "weight", "bias", "passive", "none"
 
 _COMPUTING = {"Conv": (ACTIVATION, WEIGHT, BIAS), "ConvTranspose": (ACTIVATION, WEIGHT, BIAS),
               "Gemm": (ACTIVATION, WEIGHT, BIAS), "MatMul": (ACTIVATION, WEIGHT)}
 _SPECIAL = {"Clip": (ACTIVATION, PASSIVE, PASSIVE), "Pad": (ACTIVATION, NONE, PASSIVE, NONE)}
-#: Ops whose only quantized input is the data input 0; the others are shapes/indices.
-_DATA_ONLY = frozenset({"Reshape", "Expand", "Tile", "Slice", "Gather", "GatherElements", "Resize",
-                        "Squeeze", "Unsqueeze", "Split", "TopK", "ReduceMean", "ReduceSum", "ReduceMax",
-                        "ReduceMin", "Upsample"})
 #: Ops where every input is data.
 _ALL_DATA = frozenset({"Add", "Sub", "Mul", "Div", "Concat", "Max", "Min", "Sum", "Mean", "Where", "PRelu",
                        "Equal", "Greater", "Less"})
@@ -42,12 +41,10 @@ def input_slots(operation: Operation) -> tuple[str, ...]:
     count = len(operation.inputs)
     if operation.type in SLOT_TABLE:
         kinds = SLOT_TABLE[operation.type]
-    elif operation.type in _DATA_ONLY:
-        kinds = (ACTIVATION,)
     elif operation.type in _ALL_DATA:
         kinds = (ACTIVATION,) * count
-    else:
-        kinds = (ACTIVATION,)
+    else:  # the data input 0 only: shapes, indices and sizes (dispatch_soi.SOI_INPUTS) and other operands are not
+        kinds = (NONE if 0 in soi_input_indices(operation) else ACTIVATION,)
     kinds = tuple(kinds[:count]) + (NONE,) * max(0, count - len(kinds))
     if operation.type == "MatMul" and count == 2:
         second = operation.inputs[1]
