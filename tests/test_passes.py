@@ -215,3 +215,26 @@ def test_dequantized_restores_states_after_an_exception():
                        for op in graph.operations.values() for c in op.config.all_configs())
             raise RuntimeError("boom")
     assert before == [c.state for op in graph.operations.values() for c in op.config.all_configs()]
+
+
+def test_all_zero_weight_channel_keeps_its_bias(tmp_path):
+    """A weight channel of zeros borrows the widest channel's scale: its int32 bias stays in range, so
+    that channel's output is still its bias (min-max alone gave it scale 2^-32 and a saturated bias)."""
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    weight[2] = 0.0
+    bias = np.array([0.1, -0.2, 0.75, 0.3], np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 8, 8])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4, 8, 8])],
+                       [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    path = tmp_path / "zero_channel.onnx"
+    onnx.save(model, path)
+    data = [rng.standard_normal((4, 3, 8, 8)).astype(np.float32)]
+    graph = ppqlike.quantize_onnx_model(str(path), data, platform="ORT_INT8")
+    conv = next(iter(graph.operations.values()))
+    weight_scale = np.asarray(conv.config.input_quantization_config[1].scale)
+    assert weight_scale[2] == weight_scale.max()
+    output = ppqlike.NumpyExecutor(graph).forward(data[0])[0]
+    step = float(conv.config.output_quantization_config[0].scale)
+    assert np.all(np.abs(output[:, 2] - 0.75) <= step)

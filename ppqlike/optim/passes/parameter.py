@@ -3,6 +3,11 @@
 Reads: INITIAL configs of parameter inputs (weights; constant operands).
 Writes: scale/offset from min-max of the value (per channel along the
 config's channel axis when the policy says), state ACTIVATED.
+
+A channel whose weights are all zero has no range: min-max alone would give
+it the smallest scale (2^-32), and a bias on the grid S_input x S_weight of
+that channel would overflow int32.  Its weights are 0 on any grid, so it
+takes the largest scale of the tensor's other channels instead.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ def minmax_parameter(config: TensorQuantizationConfig, value: np.ndarray) -> Non
         low, high = value.min(axis=axes), value.max(axis=axes)
     else:
         low, high = np.array(value.min() if value.size else 0.0), np.array(value.max() if value.size else 0.0)
+    empty = (low == 0) & (high == 0)
+    if np.ndim(low) and np.any(empty) and not np.all(empty):  # all-zero channels borrow the widest range
+        widest = int(np.argmax(high - low))
+        low, high = np.where(empty, low[widest], low), np.where(empty, high[widest], high)
     scale, offset = numerics.minmax_to_scale_offset(
         low, high, config.quant_min, config.quant_max, symmetric=config.policy.symmetric,
         power_of_2=config.policy.power_of_2, rounding=config.rounding)
