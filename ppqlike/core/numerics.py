@@ -47,8 +47,11 @@ def _check_range(quant_min, quant_max) -> tuple[int, int]:
     return qmin, qmax
 
 
-def _broadcast_shape(param: np.ndarray, ndim: int, shape, channel_axis, what: str):
-    """Reshape a per-channel 1-D ``param`` to broadcast along ``channel_axis``."""
+def along_channel_axis(param, ndim: int, shape, channel_axis, what: str = "value"):
+    """Reshape a per-channel 1-D ``param`` to broadcast against an array of ``shape`` (``ndim`` axes)
+    along ``channel_axis``; a scalar (or one value with no axis) stays a scalar.  Raises when the
+    count does not match the axis."""
+    param = np.asarray(param)
     if param.ndim == 0 or (param.size == 1 and channel_axis is None):
         return param.reshape(())
     if param.ndim != 1:
@@ -70,7 +73,7 @@ def _scale_array(scale, dtype, ndim, shape, channel_axis) -> np.ndarray:
     s = np.asarray(scale, dtype=dtype)
     if not np.all(np.isfinite(s) & (s > 0)):
         raise QuantizationStateError(f"scale must be finite and > 0, got {np.asarray(scale)!r}")
-    return _broadcast_shape(s, ndim, shape, channel_axis, "scale")
+    return along_channel_axis(s, ndim, shape, channel_axis, "scale")
 
 
 def _offset_array(offset, dtype, ndim, shape, channel_axis):
@@ -80,7 +83,7 @@ def _offset_array(offset, dtype, ndim, shape, channel_axis):
     if not np.issubdtype(z.dtype, np.integer):
         if not np.all(z == np.round(z)):
             raise QuantizationStateError(f"offset must be integer-valued, got {z!r}")
-    return _broadcast_shape(z.astype(dtype), ndim, shape, channel_axis, "offset")
+    return along_channel_axis(z.astype(dtype), ndim, shape, channel_axis, "offset")
 
 
 def _is_f32(a) -> bool:
@@ -315,8 +318,8 @@ def requantize(acc, multiplier, right_shift, offset, quant_min: int, quant_max: 
         raise QuantizationStateError(f"requantize needs an integer accumulator, got {acc.dtype}")
     acc = acc.astype(np.int64)
     shape = acc.shape
-    m = _broadcast_shape(np.asarray(multiplier, dtype=np.int64), acc.ndim, shape, channel_axis, "multiplier")
-    s = _broadcast_shape(np.asarray(right_shift, dtype=np.int64), acc.ndim, shape, channel_axis, "right_shift")
+    m = along_channel_axis(np.asarray(multiplier, dtype=np.int64), acc.ndim, shape, channel_axis, "multiplier")
+    s = along_channel_axis(np.asarray(right_shift, dtype=np.int64), acc.ndim, shape, channel_axis, "right_shift")
     if acc.size and m.size:
         bound = int(np.max(np.abs(acc))) * int(np.max(np.abs(m)))
         if bound >= 1 << 63:

@@ -40,7 +40,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.ir import Operation
+from ..core.numerics import along_channel_axis
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
+from .simulation import awaits_master, overlapped_root
 
 RUNTIME_KERNEL = "onnxruntime"
 LINEAR_TYPES = frozenset({"Conv", "MatMul", "Gemm"})
@@ -59,11 +61,10 @@ def wants_runtime_kernel(operation: Operation) -> bool:
 
 def _root(config: TensorQuantizationConfig | None) -> TensorQuantizationConfig | None:
     """The applied config that quantizes the value seen through ``config`` (following OVERLAPPED), or None."""
-    while config is not None and config.state is QuantizationStates.OVERLAPPED:
-        config = config.master
-    if config is None or not (is_applied(config.state) or is_baked(config.state)):
+    if config is None:
         return None
-    if config.state is QuantizationStates.SLAVE and config.master.state is QuantizationStates.INITIAL:
+    config = overlapped_root(config)
+    if not (is_applied(config.state) or is_baked(config.state)) or awaits_master(config):
         return None
     return config
 
@@ -78,12 +79,8 @@ def _integers(config: TensorQuantizationConfig, value) -> np.ndarray | None:
     A value is on the grid when the op producing it quantized it; it is not when that op ran in
     float (the error analyses run one op quantized at a time), and then the float kernel runs.
     """
-    scale = np.asarray(config.scale, np.float64)
     value = np.asarray(value)
-    if scale.size > 1:
-        shape = [1] * value.ndim
-        shape[config.channel_axis % value.ndim] = -1
-        scale = scale.reshape(shape)
+    scale = along_channel_axis(np.asarray(config.scale, np.float64), value.ndim, value.shape, config.channel_axis)
     steps = value.astype(np.float64) / scale
     integers = np.rint(steps)
     if not np.all(np.abs(steps - integers) <= 1e-3 + 1e-6 * np.abs(integers)):  # float32 keeps ~7 digits
@@ -105,14 +102,11 @@ def _requantize(accumulator: np.ndarray, multiplier: np.ndarray, output: TensorQ
     return output.dequantize((q + zero).astype(np.int64))
 
 
-def _channel_multiplier(scale_in, scale_weight, scale_out, rank: int, axis: int) -> np.ndarray:
+def _channel_multiplier(scale_in, scale_weight, scale_out, shape, axis: int) -> np.ndarray:
+    """float32(float32(S_in * S_w) / S_out), laid along the output's channel ``axis``."""
     product = (_F32(scale_in) * np.asarray(scale_weight, _F32)).astype(_F32)
     multiplier = (product / _F32(scale_out)).astype(_F32)
-    if multiplier.size > 1:
-        shape = [1] * rank
-        shape[axis % rank] = -1
-        multiplier = multiplier.reshape(shape)
-    return multiplier
+    return along_channel_axis(multiplier, len(shape), shape, axis if multiplier.size > 1 else None)
 
 
 def _output_axis(operation: Operation, rank: int) -> int:
@@ -130,6 +124,9 @@ def _linear(operation, kernel, arguments, configs, output):
     data, weight = configs[0], configs[1]
     if data is None or weight is None or not _per_tensor(data):
         return None
+    if operation.type == "Gemm" and (operation.attributes.get("alpha", 1.0) != 1.0
+                                     or operation.attributes.get("beta", 1.0) != 1.0):
+        return None
     bias_config = configs[2] if len(configs) > 2 else None
     if len(arguments) > 2 and arguments[2] is not None and bias_config is None:
         return None  # a float bias (kept FP32) is not what QLinearConv computes
@@ -139,14 +136,11 @@ def _linear(operation, kernel, arguments, configs, output):
     if any(i is None for i in integers):
         return None
     integers += list(arguments[len(integers):])
-    if operation.type == "Gemm" and (operation.attributes.get("alpha", 1.0) != 1.0
-                                     or operation.attributes.get("beta", 1.0) != 1.0):
-        return None
     accumulator = kernel(integers)[0]
     axis = _output_axis(operation, accumulator.ndim)
     if np.size(weight.scale) not in (1, accumulator.shape[axis]):
         return None
-    multiplier = _channel_multiplier(data.scale, weight.scale, output.scale, accumulator.ndim, axis)
+    multiplier = _channel_multiplier(data.scale, weight.scale, output.scale, accumulator.shape, axis)
     return [_requantize(accumulator, multiplier, output, clamp=not _fused(operation))]
 
 
@@ -215,10 +209,7 @@ def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequen
     """
     config = operation.config
     output = _root(config.output_quantization_config[0])
-    if output is None or not _per_tensor(output) or output.state in (QuantizationStates.BAKED,):
+    if output is None or not _per_tensor(output) or output.state is QuantizationStates.BAKED:
         return None
-    configs = [_root(c) for c in config.input_quantization_config]
-    present = [i for i, value in enumerate(arguments[:len(configs)]) if value is not None]
-    if any(configs[i] is None for i in present if operation.type not in LINEAR_TYPES or i < 2):
-        return None
+    configs = [_root(c) for c in config.input_quantization_config]  # each kernel checks the ones it needs
     return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output)

@@ -20,14 +20,26 @@ from ..core.quant import (QuantizationStates, TensorQuantizationConfig, is_appli
                           is_dequantizable)
 
 
+def awaits_master(config: TensorQuantizationConfig) -> bool:
+    """A SLAVE whose master is not calibrated yet (during calibration): it has nothing to apply."""
+    return config.state is QuantizationStates.SLAVE and config.master.state is QuantizationStates.INITIAL
+
+
+def overlapped_root(config: TensorQuantizationConfig) -> TensorQuantizationConfig:
+    """The end of ``config``'s chain of OVERLAPPED masters (``config`` itself when not OVERLAPPED)."""
+    while config.state is QuantizationStates.OVERLAPPED and config.master is not None:
+        config = config.master
+    return config
+
+
 def apply_config(config: TensorQuantizationConfig | None, value):
     """The value an op sees through ``config`` (see the module docstring)."""
     if config is None or value is None:
         return value
     state = config.state
     if is_applied(state):
-        if state is QuantizationStates.SLAVE and config.master.state is QuantizationStates.INITIAL:
-            return value  # its master is not calibrated yet (during calibration): nothing to apply
+        if awaits_master(config):
+            return value
         return config.fake_quantize(value)
     if is_baked(state) and config.baked_value is not None:
         return config.baked_value
@@ -48,12 +60,10 @@ def requantize_output(config: TensorQuantizationConfig, value):
 
     facts = config.detail["requantization"]
     axis = facts["channel_axis"] % value.ndim
-    shape = [1] * value.ndim
-    shape[axis] = -1
     accumulator_scale = np.asarray(facts["accumulator_scale"], np.float64)
     per_channel = accumulator_scale.size > 1
-    acc = np.rint(value.astype(np.float64) / (accumulator_scale.reshape(shape) if per_channel
-                                                else accumulator_scale[0])).astype(np.int64)
+    acc = np.rint(value.astype(np.float64) / numerics.along_channel_axis(
+        accumulator_scale, value.ndim, value.shape, axis if per_channel else None)).astype(np.int64)
     multiplier, shift = np.asarray(facts["multiplier"]), np.asarray(facts["right_shift"])
     q = numerics.requantize(acc, multiplier if per_channel else int(multiplier[0]),
                             shift if per_channel else int(shift[0]), int(config.offset),
@@ -76,10 +86,7 @@ def quantizes(config: TensorQuantizationConfig | None, side: str) -> bool:
         return True
     if side != "output" or config.state is not QuantizationStates.OVERLAPPED or "requantization" not in config.detail:
         return False
-    root = config
-    while root.state is QuantizationStates.OVERLAPPED and root.master is not None:
-        root = root.master
-    return is_applied(root.state)
+    return is_applied(overlapped_root(config).state)
 
 
 def apply_output_config(config: TensorQuantizationConfig | None, value):
