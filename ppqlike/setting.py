@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 
 from .core.errors import PlatformError
-from .io.onnx_export import atomic_write_bytes
+from .io.onnx_export import atomic_write_bytes, read_json
 from .platforms.target import TargetPlatform
 
 _OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
@@ -133,13 +133,7 @@ class QuantizationSetting:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "QuantizationSetting":
         """Read a setting written by :meth:`save` (or by hand)."""
-        try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except OSError as error:
-            raise PlatformError(f"cannot read setting file {os.fspath(path)!r}: {error.strerror}") from None
-        except json.JSONDecodeError as error:
-            raise PlatformError(f"setting file {os.fspath(path)!r} is not valid JSON: {error}") from None
+        data = read_json(path, "setting file", PlatformError)
         if not isinstance(data, dict):
             raise PlatformError(f"setting file {os.fspath(path)!r} must hold a JSON object")
         return cls.from_dict(data)

@@ -110,6 +110,17 @@ def _print(text: str) -> None:
     print(text, file=sys.stdout, flush=True)
 
 
+def _finish(kind: str, method: str, graph: Graph, stats: dict, samples: int, batches: int, started: float,
+            verbose: bool) -> "ErrorAnalysis":
+    """The ErrorAnalysis of a finished run (printed as a table when ``verbose``)."""
+    result = ErrorAnalysis(kind, method, {n: s.as_dict() for n, s in stats.items()},
+                           {n: graph.operations[n].type for n in stats}, samples, batches,
+                           time.perf_counter() - started)
+    if verbose:
+        _print(result.table())
+    return result
+
+
 def graphwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | None = None, method: str = "snr",
                             collate_fn: Callable | None = None, executor: NumpyExecutor | None = None,
                             verbose: bool = True, operations: Iterable | None = None,
@@ -152,12 +163,7 @@ def graphwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | Non
             keep_outputs.update(inputs=inputs,
                                 ir_float=graph_outputs(executor, reference, output_names),
                                 quantized=graph_outputs(executor, quantized, output_names))
-    result = ErrorAnalysis("graphwise", method, {n: s.as_dict() for n, s in stats.items()},
-                           {n: graph.operations[n].type for n in stats}, samples, batches,
-                           time.perf_counter() - started)
-    if verbose:
-        _print(result.table())
-    return result
+    return _finish("graphwise", method, graph, stats, samples, batches, started, verbose)
 
 
 def layerwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | None = None, method: str = "snr",
@@ -207,9 +213,4 @@ def layerwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | Non
                 run_step(executor, step, walk, quantized=False)
     finally:
         bar.close()
-    result = ErrorAnalysis("layerwise", method, {n: s.as_dict() for n, s in stats.items()},
-                           {n: graph.operations[n].type for n in stats}, samples, batches,
-                           time.perf_counter() - started)
-    if verbose:
-        _print(result.table())
-    return result
+    return _finish("layerwise", method, graph, stats, samples, batches, started, verbose)

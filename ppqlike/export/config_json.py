@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import warnings
 from typing import Any
@@ -48,6 +47,7 @@ import numpy as np
 from ..core.errors import ExportError
 from ..core.ir import Graph
 from ..core.quant import OperationQuantizationConfig, QuantizationStates, TensorQuantizationConfig, is_baked
+from ..io.onnx_export import read_json
 from ..platforms.target import TargetPlatform
 from .common import config_id, graph_header, is_param_slot, iter_configs, rounding_mismatch, write_json
 
@@ -204,13 +204,7 @@ def export_config_json(graph: Graph, path, protect: tuple = (), parameters: str 
 def _read(source) -> dict:
     if isinstance(source, dict):
         return source
-    try:
-        with open(source, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except OSError as error:
-        raise ExportError(f"cannot read config file {os.fspath(source)!r}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise ExportError(f"config file {os.fspath(source)!r} is not valid JSON: {error}") from None
+    data = read_json(source, "config file", ExportError)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ExportError(f"{os.fspath(source)!r} is not a ppqlike quantization config (format {FORMAT!r})")
     if data.get("version") != VERSION:

@@ -8,6 +8,7 @@ name beside the destination, then renamed.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Any
@@ -96,6 +97,18 @@ def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict
     for key, value in graph.metadata.get("metadata_props", {}).items():
         helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, key: value})
     return model
+
+
+def read_json(path: str | os.PathLike, what: str, error: type) -> Any:
+    """The JSON value in the file at ``path``; ``error`` (a PPQLikeError class) names ``what`` the
+    file is when it cannot be read or is not JSON."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except OSError as failure:
+        raise error(f"cannot read {what} {os.fspath(path)!r}: {failure.strerror}") from None
+    except json.JSONDecodeError as failure:
+        raise error(f"{what} {os.fspath(path)!r} is not valid JSON: {failure}") from None
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, protect: tuple = ()) -> None:

@@ -43,7 +43,7 @@ def input_slots(operation: Operation) -> tuple[str, ...]:
         kinds = SLOT_TABLE[operation.type]
     elif operation.type in _ALL_DATA:
         kinds = (ACTIVATION,) * count
-    else:  # the data input 0 only: shapes, indices and sizes (dispatch_soi.SOI_INPUTS) and other operands are not
+    else:  # input 0 is the data unless it is a shape slot (SOI_INPUTS); the other inputs are never quantized
         kinds = (NONE if 0 in soi_input_indices(operation) else ACTIVATION,)
     kinds = tuple(kinds[:count]) + (NONE,) * max(0, count - len(kinds))
     if operation.type == "MatMul" and count == 2:
