@@ -29,7 +29,7 @@ def child(model: str, platform: str, observer: str, images: int, batch: int) -> 
 
     from ppqlike.api import quantize_onnx_model
     from ppqlike.io.images import list_images, load_image
-    from ppqlike.setting import QuantizationSettingFactory
+    from ppqlike.optim.setting import QuantizationSettingFactory
     import numpy as np
 
     preset = PRESETS[model]

@@ -80,8 +80,8 @@ class Config:
 def default_observer(platform: str) -> tuple[str, bool]:
     """The activation observer and weight granularity of ``platform``'s preset setting."""
     sys.path.insert(0, str(REPO))
-    from ppqlike.api import resolve_policy
-    from ppqlike.setting import QuantizationSettingFactory
+    from ppqlike.optim.recipe import resolve_policy
+    from ppqlike.optim.setting import QuantizationSettingFactory
     policy = resolve_policy(platform, QuantizationSettingFactory.for_platform(platform))
     return policy.activation.observer, bool(policy.weight.per_channel)
 
@@ -213,8 +213,9 @@ def _quantize_ppqlike(spec: dict) -> dict:
     import warnings
 
     import presets
-    from ppqlike.api import export_ppq_graph, quantize_onnx_model, resolve_policy
-    from ppqlike.setting import QuantizationSettingFactory
+    from ppqlike.api import export_ppq_graph, quantize_onnx_model
+    from ppqlike.optim.recipe import resolve_policy
+    from ppqlike.optim.setting import QuantizationSettingFactory
 
     platform = spec["platform"]
     setting = QuantizationSettingFactory.for_platform(platform)

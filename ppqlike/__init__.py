@@ -1,18 +1,44 @@
-"""ppqlike: post-training quantization of ONNX models, in the pass-pipeline style of PPQ."""
+"""ppqlike: post-training quantization of ONNX models, in the pass-pipeline style of PPQ.
+
+The package root resolves its public names lazily (PEP 562), so that importing
+a low layer (``import ppqlike.core.quant``) loads nothing above it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from .api import export_ppq_graph, quantize_onnx_model
-from .core.errors import PPQLikeError
-from .core.ir import Graph, Operation, Variable
-from .executor import NumpyExecutor, OperationHook
-from .io import export_onnx_model, load_onnx_graph, save_onnx_graph
-from .optim.base import QuantizationOptimizationPass, register_pass
-from .platforms.dispatch import dispatch_graph
-from .platforms.target import TargetPlatform
-from .setting import QuantizationSetting, QuantizationSettingFactory
+#: public name -> the module that defines it
+_PUBLIC_NAMES = {
+    "PPQLikeError": "ppqlike.core.errors",
+    "Graph": "ppqlike.core.ir", "Operation": "ppqlike.core.ir", "Variable": "ppqlike.core.ir",
+    "NumpyExecutor": "ppqlike.executor", "OperationHook": "ppqlike.executor",
+    "load_onnx_graph": "ppqlike.io", "export_onnx_model": "ppqlike.io", "save_onnx_graph": "ppqlike.io",
+    "quantize_onnx_model": "ppqlike.api", "export_ppq_graph": "ppqlike.api",
+    "QuantizationSetting": "ppqlike.optim.setting", "QuantizationSettingFactory": "ppqlike.optim.setting",
+    "TargetPlatform": "ppqlike.platforms.target", "dispatch_graph": "ppqlike.platforms.dispatch",
+    "register_pass": "ppqlike.optim.base", "QuantizationOptimizationPass": "ppqlike.optim.base",
+    "graphwise_error_analyse": "ppqlike.analysis", "layerwise_error_analyse": "ppqlike.analysis",
+    "compare_stages": "ppqlike.analysis",
+}
+_SUBPACKAGES = frozenset({"core", "io", "executor", "platforms", "optim", "export", "analysis", "cli", "api"})
 
-__all__ = ["PPQLikeError", "Graph", "Operation", "Variable", "NumpyExecutor", "OperationHook",
-           "load_onnx_graph", "export_onnx_model", "save_onnx_graph", "quantize_onnx_model", "export_ppq_graph",
-           "QuantizationSetting", "QuantizationSettingFactory", "TargetPlatform", "dispatch_graph",
-           "register_pass", "QuantizationOptimizationPass", "__version__"]
+__all__ = sorted(_PUBLIC_NAMES) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC_NAMES:
+        value = getattr(importlib.import_module(_PUBLIC_NAMES[name]), name)
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f"ppqlike.{name}")
+    else:
+        raise AttributeError(f"module 'ppqlike' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC_NAMES) | _SUBPACKAGES)

@@ -6,7 +6,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ppqlike
 from onnx_helpers import make_model
-from ppqlike.api import build_pipeline, quantize_onnx_model, resolve_policy
+from ppqlike.api import quantize_onnx_model
+from ppqlike.optim.recipe import build_pipeline, resolve_policy
 from ppqlike.core.quant import QuantizationStates as S
 from ppqlike.executor.simulation import dequantized
 from ppqlike.optim.passes import (AdaroundPass, BiasCorrectionPass, FusionPass, LayerwiseEqualizationPass,
@@ -15,8 +16,9 @@ from ppqlike.optim.passes import (AdaroundPass, BiasCorrectionPass, FusionPass, 
                                   QuantizationSimplifyPass, RuntimeCalibrationPass)
 from ppqlike.optim.passes.mixed_precision import output_cosine
 from ppqlike.platforms.dispatch import dispatch_graph
+from ppqlike.optim.passes import QuantizeRefinePass
 from ppqlike.platforms.policies import get_platform_policy, get_quantizer
-from ppqlike.setting import QuantizationSetting, QuantizationSettingFactory
+from ppqlike.optim.setting import QuantizationSetting, QuantizationSettingFactory
 from shared_bench import PRESETS, load_images, requires_bench
 
 
@@ -83,6 +85,7 @@ def prepared(model, platform="DSP_INT8", setting=None, table=None):
     dispatch_graph(graph, policy.platform, policy.quantizable_types, dispatcher=setting.dispatcher,
                    dispatching_table=table)
     get_quantizer(policy).quantize(graph)
+    QuantizeRefinePass(policy).optimize(graph)
     return graph, policy
 
 
@@ -230,11 +233,12 @@ def test_equalization_lowers_per_tensor_quantization_error():
 def test_equalization_on_mobilenetv2_keeps_outputs_and_narrows_spread():
     images, _, _ = load_images("mobilenetv2", "calib", 2)
     graph, policy = prepared(str(PRESETS["mobilenetv2"].path))
-    from ppqlike.api import format_for_quantization
+    from ppqlike.optim.recipe import format_for_quantization
     graph = ppqlike.load_onnx_graph(str(PRESETS["mobilenetv2"].path))
     format_for_quantization(graph, QuantizationSetting())
     dispatch_graph(graph, policy.platform, policy.quantizable_types)
     get_quantizer(policy).quantize(graph)
+    QuantizeRefinePass(policy).optimize(graph)
     before = fp32_outputs(graph, [images])
     report = LayerwiseEqualizationPass(iterations=10).optimize(graph)
     assert report["pairs"] >= 30 and report["channels_scaled"] > 100

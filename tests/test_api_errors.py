@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_helpers import make_model
 from ppqlike.api import quantize_onnx_model
-from ppqlike.cli import _data_path, load_demo_data
+from ppqlike.cli.main import _data_path, load_demo_data
 from ppqlike.core.errors import CalibrationDataError, ModelLoadError, PlatformError, PPQLikeError
 from ppqlike.io.calibration_data import CalibrationFolder
 
@@ -101,7 +101,7 @@ def test_internal_labels_are_no_platform(workdir, calib, name):
 
 
 def test_bad_dispatcher_and_observer(workdir, calib):
-    from ppqlike.setting import QuantizationSetting
+    from ppqlike.optim.setting import QuantizationSetting
     _expect(workdir, PlatformError, ["dispatcher 'foo'", "conservative"], calib_dataloader=[calib], dispatcher="foo")
     with pytest.raises(PlatformError, match="activation_observer 'bar'"):
         QuantizationSetting(activation_observer="bar")

@@ -198,7 +198,7 @@ def test_mixed_folder_and_broken_image(tmp_path):
 
 
 def test_input_specs_from_graph():
-    from ppqlike.cli import _data_path
+    from ppqlike.cli.main import _data_path
     from ppqlike.io import load_onnx_graph
     specs = calibration_data.input_specs(load_onnx_graph(_data_path("demo_model.onnx")))
     assert [(s.name, s.rank) for s in specs] == [("image", 4)]

@@ -19,8 +19,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_helpers import make_model
-from ppqlike import cli_export
-from ppqlike.cli import _data_path, load_demo_data, main
+from ppqlike.cli import export as cli_export
+from ppqlike.cli.main import _data_path, load_demo_data, main
 from ppqlike.core.errors import ExportError
 from shared_bench import BENCH_DIR, load_images, requires_bench
 
@@ -99,7 +99,7 @@ def test_demo_other_platform_and_out(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------ quantize
 def test_quantize_npy_folder_with_table_and_setting(tmp_path, capsys, npy_calib, demo_copy):
-    from ppqlike.setting import QuantizationSetting
+    from ppqlike.optim.setting import QuantizationSetting
     before = _state(demo_copy)
     setting = tmp_path / "setting.json"
     QuantizationSetting(activation_observer="percentile").save(setting)
@@ -292,34 +292,31 @@ def test_failed_export_writes_nothing(tmp_path, capsys, npy_calib, demo_copy, mo
 
 
 def test_platform_exporter_and_its_extras(tmp_path, capsys, npy_calib, demo_copy, monkeypatch):
-    """With ppqlike.api.export_ppq_graph present the CLI uses it; files it writes beside the model are kept."""
+    """The CLI exports through the platform's exporter; its warnings become notes, its extra files are listed."""
     import warnings
 
-    from ppqlike import api
+    from ppqlike.export.platform import export_for_platform
     calls = []
 
     def exporter(graph, platform, graph_save_to, config_save_to=None):
         calls.append((platform, os.path.basename(graph_save_to), os.path.basename(config_save_to)))
-        model, _ = cli_export.fallback_qdq_model(graph)
-        with open(graph_save_to, "wb") as handle:
-            handle.write(model.SerializeToString())
-        with open(config_save_to, "w") as handle:
-            handle.write("{}")
+        written = export_for_platform(graph, platform, graph_save_to, config_save_to)
         with open(os.path.splitext(graph_save_to)[0] + ".cache", "w") as handle:
             handle.write("ranges")
         warnings.warn("rounding differs on ties")
+        return written
 
-    monkeypatch.setattr(api, "export_ppq_graph", exporter, raising=False)
+    monkeypatch.setattr(cli_export, "export_for_platform", exporter)
     out = tmp_path / "out"
     code, stdout, err = _run(capsys, "quantize", demo_copy, "--calib", npy_calib, "--out", out, "--quiet",
-                             "--platform", "tpu_int8")
+                             "--platform", "ort_int8")
     assert code == 0, err
-    assert [(p.name, m, c) for p, m, c in calls] == [("TPU_INT8", "digits.tpu_int8.onnx", "digits.tpu_int8.json")]
-    assert sorted(os.listdir(out)) == ["digits.tpu_int8.cache", "digits.tpu_int8.json", "digits.tpu_int8.onnx",
+    assert [(p.name, m, c) for p, m, c in calls] == [("ORT_INT8", "digits.ort_int8.onnx", "digits.ort_int8.json")]
+    assert sorted(os.listdir(out)) == ["digits.ort_int8.cache", "digits.ort_int8.json", "digits.ort_int8.onnx",
                                        "report.html", "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["files"]["extras"] == [str(out / "digits.tpu_int8.cache")]
-    assert summary["exporter"] == "ppqlike.api.export_ppq_graph"
+    assert summary["files"]["extras"] == [str(out / "digits.ort_int8.cache")]
+    assert summary["exporter"] == "ppqlike.export_ppq_graph"
     assert summary["export_notes"] == ["rounding differs on ties"] and "rounding differs on ties" in stdout
 
 

@@ -20,7 +20,7 @@ from ppqlike.export import (ExportRoundingWarning, build_qdq_model, config_to_js
 from ppqlike.export.common import iter_configs, tensor_configs
 from ppqlike.export.verify import run_qdq_model
 from ppqlike.optim.passes.parameter import minmax_parameter
-from ppqlike.setting import QuantizationSettingFactory
+from ppqlike.optim.setting import QuantizationSettingFactory
 from test_export_qdq import CALIB, TEST, small_model
 
 S = QuantizationStates
@@ -208,7 +208,7 @@ def test_round_trip_and_export_after_accuracy_passes(source, tmp_path, platform)
     from dataclasses import fields
 
     from ppqlike.export.verify import verify_export
-    from ppqlike.setting import QuantizationSetting
+    from ppqlike.optim.setting import QuantizationSetting
     names = {f.name for f in fields(QuantizationSetting)}
     if not {"equalization", "adaround", "bias_correction"} <= names:
         pytest.skip("this ppqlike has no accuracy passes")

@@ -20,7 +20,7 @@ from ppqlike.executor import NumpyExecutor
 from ppqlike.export import ExportRoundingWarning, build_qdq_model, export_qdq_onnx, output_steps
 from ppqlike.export.common import is_param_slot, iter_configs, quantizes
 from ppqlike.export.verify import compare_outputs, run_qdq_model, verify_export
-from ppqlike.setting import QuantizationSetting, QuantizationSettingFactory
+from ppqlike.optim.setting import QuantizationSetting, QuantizationSettingFactory
 
 S = QuantizationStates
 RNG_SEED = 7

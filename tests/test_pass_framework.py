@@ -47,7 +47,7 @@ def test_user_pass_registered_before_a_builtin_pass_runs_there():
     registry = PassRegistry()
     registry.register(Inspect(), after="parameter")
     policy = ppqlike.platforms.policies.get_platform_policy("ORT_INT8")
-    pipeline = registry.apply(ppqlike.api.build_pipeline(policy, ppqlike.QuantizationSetting(), registry=PassRegistry()))
+    pipeline = registry.apply(ppqlike.optim.recipe.build_pipeline(policy, ppqlike.QuantizationSetting(), registry=PassRegistry()))
     assert pipeline.names.index("inspect") == pipeline.names.index("parameter") + 1
     ppqlike.register_pass(Inspect(), before="calibration")
     try:

@@ -13,6 +13,7 @@ from ppqlike.optim.passes import (FusionPass, ParameterBakingPass, ParameterQuan
                                   PassiveParameterQuantizePass, QuantizationAlignmentPass,
                                   QuantizationSimplifyPass, RuntimeCalibrationPass)
 from ppqlike.platforms.dispatch import dispatch_graph
+from ppqlike.optim.passes import QuantizeRefinePass
 from ppqlike.platforms.policies import get_platform_policy, get_quantizer
 
 RNG = np.random.default_rng(0)
@@ -56,6 +57,7 @@ def prepared_graph(platform="ORT_INT8"):
     policy = get_platform_policy(platform)
     dispatch_graph(graph, policy.platform, policy.quantizable_types)
     get_quantizer(policy).quantize(graph)
+    QuantizeRefinePass(policy).optimize(graph)
     return graph, policy
 
 

@@ -14,7 +14,7 @@ from test_passes import small_model
 
 def quantized(platform, observer=None):
     batches = [np.random.default_rng(i).standard_normal((2, 3, 8, 8)).astype(np.float32) for i in range(3)]
-    setting = ppqlike.setting.QuantizationSettingFactory.for_platform(platform)
+    setting = ppqlike.QuantizationSettingFactory.for_platform(platform)
     if observer:
         setting.activation_observer = observer
     return quantize_onnx_model(small_model(), batches, platform=platform, setting=setting), batches
@@ -60,7 +60,7 @@ def test_trt_weights_per_channel_symmetric_and_bias_float():
     weight = conv.input_quantization_config[1]
     assert weight.policy.per_channel and weight.policy.symmetric and weight.scale.shape == (8,)
     assert np.all(weight.offset == 0) and (weight.quant_min, weight.quant_max) == (-127, 127)
-    assert conv.input_quantization_config[2] is None  # TensorRT keeps the bias in float
+    assert conv.input_quantization_config[2].state is S.FP32  # TensorRT keeps the bias in float
     assert all(int(c.offset) == 0 and c.quant_min == -128 for c in activation_roots(graph))
 
 

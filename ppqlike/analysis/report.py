@@ -46,11 +46,11 @@ from html import escape
 from typing import Any, Mapping
 
 from ..core.ir import Graph
-from ..io.onnx_export import atomic_write_bytes
+from ..io.files import atomic_write_bytes
 from .svg import bar_chart, legend
 
 #: The passes of the core pipeline (DESIGN.md §5); any other pass is an accuracy or user pass.
-CORE_PASSES = ("fusion", "simplify", "parameter", "calibration", "alignment", "passive", "baking")
+CORE_PASSES = ("refine", "fusion", "simplify", "parameter", "calibration", "alignment", "passive", "baking")
 
 _STYLE = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px auto; max-width: 1060px;

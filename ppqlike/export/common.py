@@ -24,7 +24,7 @@ from ..core.ir import Graph, Operation, Variable
 from ..core.quant import QuantizationStates, RoundingPolicy, TensorQuantizationConfig, is_applied
 from ..executor import simulation
 from ..executor.simulation import iter_tensor_configs
-from ..io.onnx_export import atomic_write_bytes
+from ..io.files import atomic_write_bytes
 
 S = QuantizationStates
 

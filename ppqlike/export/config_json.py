@@ -47,7 +47,10 @@ import numpy as np
 from ..core.errors import ExportError
 from ..core.ir import Graph
 from ..core.quant import OperationQuantizationConfig, QuantizationStates, TensorQuantizationConfig, is_baked
-from ..io.onnx_export import read_json
+from ..io.files import read_json
+from ..io.onnx_import import load_onnx_graph
+from ..optim.recipe import format_for_quantization
+from ..optim.setting import QuantizationSetting
 from ..platforms.target import TargetPlatform
 from .common import config_id, graph_header, is_param_slot, iter_configs, rounding_mismatch, write_json
 
@@ -118,9 +121,6 @@ def _changed_parameters(graph: Graph, mode: str) -> tuple[dict, str | None]:
     source, setting = graph_header(graph)["source"], graph_header(graph)["setting"]
     if not source or not os.path.isfile(source):
         return {}, "the source model is unknown: parameters changed by passes could not be detected"
-    from ..api import format_for_quantization  # layer-6 peer
-    from ..io import load_onnx_graph
-    from ..setting import QuantizationSetting
     fresh = load_onnx_graph(source)
     if setting:
         format_for_quantization(fresh, QuantizationSetting.from_dict(setting))
@@ -319,9 +319,6 @@ def load_config_json(graph: Graph, source) -> dict:
 
 def load_quantized_graph(onnx_file, config_file) -> Graph:
     """Load ``onnx_file``, format it with the setting recorded in ``config_file`` and apply the configs."""
-    from ..api import format_for_quantization  # layer 6 peer; imported late to avoid a cycle
-    from ..io import load_onnx_graph
-    from ..setting import QuantizationSetting
     data = _read(config_file)
     graph = load_onnx_graph(onnx_file)
     if data.get("setting"):

@@ -41,7 +41,8 @@ from ..core.errors import ExportError
 from ..core.ir import Graph, Operation, Variable
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..executor.simulation import apply_config
-from ..io.onnx_export import MAX_IR_VERSION, atomic_write_bytes, export_onnx_model
+from ..io.files import MAX_IR_VERSION, atomic_write_bytes
+from ..io.onnx_export import export_onnx_model
 from .common import (config_id, is_param_slot, quantizes, rounding_mismatch, source_path, storage_type,
                      warn_rounding)
 

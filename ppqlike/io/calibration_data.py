@@ -350,9 +350,3 @@ class CalibrationFolder:
 
     def __repr__(self) -> str:
         return f"CalibrationFolder({self.describe()})"
-
-
-def load_calibration_folder(folder: str | os.PathLike, inputs: Any, batch_size: int = 16,
-                            image_options: Mapping[str, Any] | None = None) -> CalibrationFolder:
-    """A :class:`CalibrationFolder` (a lazily loading, re-iterable batch iterator with ``len()``)."""
-    return CalibrationFolder(folder, inputs, batch_size=batch_size, image_options=image_options)

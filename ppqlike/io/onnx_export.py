@@ -2,15 +2,12 @@
 
 Writes the graph back as a ModelProto: parameters become initializers (in
 first-use order), optional inputs left out become empty names, dynamic
-dimensions keep their names.  Files are written atomically: to a temporary
-name beside the destination, then renamed.
+dimensions keep their names.  Files are written atomically (``io.files``).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -19,9 +16,8 @@ from onnx import helper, numpy_helper
 
 from ..core.errors import ExportError
 from ..core.ir import Graph, Operation, Variable
+from .files import MAX_IR_VERSION, atomic_write_bytes
 
-#: onnxruntime 1.31 reads IR versions up to 13; onnx 1.23 writes 14 by default.
-MAX_IR_VERSION = 10
 
 
 def _value_info(variable: Variable) -> onnx.ValueInfoProto:
@@ -97,47 +93,6 @@ def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict
     for key, value in graph.metadata.get("metadata_props", {}).items():
         helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, key: value})
     return model
-
-
-def read_json(path: str | os.PathLike, what: str, error: type) -> Any:
-    """The JSON value in the file at ``path``; ``error`` (a PPQLikeError class) names ``what`` the
-    file is when it cannot be read or is not JSON."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except OSError as failure:
-        raise error(f"cannot read {what} {os.fspath(path)!r}: {failure.strerror}") from None
-    except json.JSONDecodeError as failure:
-        raise error(f"{what} {os.fspath(path)!r} is not valid JSON: {failure}") from None
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, protect: tuple = ()) -> None:
-    """Write ``data`` to ``path`` whole or not at all (temporary file, then rename).
-
-    ``protect`` lists paths (e.g. the user's input model) that must never be overwritten.
-    """
-    path = os.path.abspath(os.fspath(path))
-    for other in protect:
-        if other is not None and os.path.abspath(os.fspath(other)) == path:
-            raise ExportError(f"refusing to write {path!r}: it is the input model; choose another output path")
-    directory = os.path.dirname(path) or "."
-    if not os.path.isdir(directory):
-        raise ExportError(f"cannot write {path!r}: folder {directory!r} does not exist")
-    try:
-        handle, temporary = tempfile.mkstemp(prefix=".ppqlike-", suffix=".tmp", dir=directory)
-    except OSError as error:
-        raise ExportError(f"cannot write into folder {directory!r}: {error.strerror}") from None
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp creates 0600; give the file ordinary permissions
-        os.replace(temporary, path)
-    except OSError as error:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise ExportError(f"cannot write {path!r}: {error.strerror}") from None
 
 
 def save_onnx_graph(graph: Graph, path: str | os.PathLike, opset: int | None = None,

@@ -6,16 +6,16 @@ quantizes, the activations it fuses, how it aligns Add and Concat inputs,
 its default observers, whether bias is int32, and its exporter.  Platforms
 that differ in a setting or two are two policies, not two classes.
 
-:class:`PlatformQuantizer` writes an OperationQuantizationConfig (states
-INITIAL / PASSIVE_INIT; SOI for shape slots) on every op the dispatcher sent
-to the platform, and no config on FP32 and SOI ops.
+:class:`PlatformQuantizer` writes an INITIAL OperationQuantizationConfig, from
+the policy alone, on every op the dispatcher sent to the platform, and no
+config on FP32 and SOI ops; the refine pass then corrects each config from
+the op's semantics (shape slots SOI, bias and bounds PASSIVE_INIT, integer
+tensors FP32).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-
-import numpy as np
 
 from ..core.ir import Graph, Operation, Variable
 from ..core.quant import (OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
@@ -120,28 +120,27 @@ class PlatformQuantizer:
             per_channel = False  # per-channel scales would not line up with the bias of each group
         return self._tensor_config(self.policy.weight, variable.name, per_channel, axis)
 
+    def bias_config(self, name: str) -> TensorQuantizationConfig:
+        """The PASSIVE_INIT int32 config of a computing op's bias (scale S_input * S_weight, set later)."""
+        return self._bias_config(name, 0)
+
+    def passive_config(self, name: str) -> TensorQuantizationConfig:
+        """The PASSIVE_INIT config of a Clip bound or Pad value (it takes the grid of input 0)."""
+        config = self._tensor_config(self.policy.activation, name)
+        config.observer_algorithm = "passive"
+        config.state = QuantizationStates.PASSIVE_INIT
+        return config
+
     def init_quantize_config(self, operation: Operation) -> OperationQuantizationConfig:
-        """The INITIAL config of ``operation``: one TQC per quantized slot, None elsewhere."""
-        inputs: list[TensorQuantizationConfig | None] = []
-        for variable, kind in zip(operation.inputs, slots.input_slots(operation)):
-            if variable is None or kind == slots.NONE or not _is_float(variable):
-                inputs.append(None)
-            elif kind == slots.WEIGHT and variable.is_parameter:
-                inputs.append(self._weight_config(operation, variable))
-            elif kind == slots.BIAS:
-                inputs.append(self._bias_config(variable.name, 0) if self.policy.bias_int32 else None)
-            elif kind == slots.PASSIVE:
-                config = self._tensor_config(self.policy.activation, variable.name)
-                config.observer_algorithm = "passive"
-                config.state = QuantizationStates.PASSIVE_INIT
-                inputs.append(config)
-            else:
-                inputs.append(self._tensor_config(self.policy.activation, variable.name))
-        if operation.type in slots.COMPUTING_TYPES and self.policy.bias_int32 and len(inputs) > 2 \
-                and inputs[2] is not None and (inputs[1] is None or inputs[0] is None):
-            inputs[2] = None  # a bias without both masters cannot be int32
-        outputs = [self._tensor_config(self.policy.activation, v.name) if _is_float(v) else None
-                   for v in operation.outputs]
+        """The INITIAL config of ``operation``, from the policy alone: a weight config on the weight slot of
+        a computing op, an activation config on every other present input and output.  The refine pass
+        (``ppqlike.optim.passes.refine``) then corrects it from the op's semantics."""
+        inputs = [None if variable is None else
+                  self._weight_config(operation, variable) if kind == slots.WEIGHT and variable.is_parameter else
+                  self._tensor_config(self.policy.activation, variable.name)
+                  for variable, kind in zip(operation.inputs, slots.input_slots(operation))]
+        outputs = [None if variable is None else self._tensor_config(self.policy.activation, variable.name)
+                   for variable in operation.outputs]
         return OperationQuantizationConfig(inputs, outputs)
 
     def quantize(self, graph: Graph) -> int:
@@ -154,8 +153,3 @@ class PlatformQuantizer:
             else:
                 operation.config = None
         return count
-
-
-def _is_float(variable: Variable) -> bool:
-    dtype = variable.dtype if variable.value is None else variable.value.dtype
-    return dtype is None or np.issubdtype(dtype, np.floating)

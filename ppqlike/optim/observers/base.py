@@ -197,11 +197,6 @@ class Observer:
         """Number of channels (1 per tensor; None until a per-channel observer sees data)."""
         return self._channels
 
-    def data_range(self) -> tuple[np.ndarray, np.ndarray]:
-        """Observed (min, max) per channel as float64 (C,) arrays (copies)."""
-        self._require_data()
-        return self._min.copy(), self._max.copy()
-
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {self._who()} batches={self.num_batches} "
                 f"channels={self._channels} state={self.state_nbytes}B>")

@@ -10,11 +10,12 @@ from .fusion import FusionPass
 from .mixed_precision import MixedPrecisionPass
 from .parameter import ParameterQuantizePass
 from .passive import PassiveParameterQuantizePass
+from .refine import QuantizeRefinePass
 from .requantization import IntegerRequantizationPass
 from .runtime_kernels import RuntimeKernelPass
 from .simplify import QuantizationSimplifyPass
 
-__all__ = ["FusionPass", "QuantizationSimplifyPass", "ParameterQuantizePass", "RuntimeCalibrationPass",
+__all__ = ["QuantizeRefinePass", "FusionPass", "QuantizationSimplifyPass", "ParameterQuantizePass", "RuntimeCalibrationPass",
            "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass",
            "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass",
            "RuntimeKernelPass"]

@@ -179,7 +179,8 @@ def _bias_config(graph: Graph, operation: Operation, name: str) -> TensorQuantiz
 
 def _graph_quantizes_bias(graph: Graph) -> bool:
     for operation in quantized_operations(graph):
-        if operation.type in _TYPES and input_config(operation, 2) is not None:
+        config = input_config(operation, 2)
+        if operation.type in _TYPES and config is not None and config.state is not S.FP32:
             return True
     return False
 

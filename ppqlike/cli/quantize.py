@@ -9,8 +9,8 @@ import sys
 import time
 import warnings
 
-from .core.errors import CalibrationDataError, ModelLoadError, PlatformError, PPQLikeError
-from .platforms.target import QUANTIZED_PLATFORMS, TargetPlatform
+from ..core.errors import CalibrationDataError, ModelLoadError, PlatformError, PPQLikeError
+from ..platforms.target import QUANTIZED_PLATFORMS, TargetPlatform
 
 SUMMARY_NAME = "summary.json"
 REPORT_NAME = "report.html"
@@ -173,7 +173,7 @@ def read_dispatch_table(path: str) -> dict:
 
 
 def build_setting(args, platform):
-    from .setting import QuantizationSetting, QuantizationSettingFactory
+    from ..optim.setting import QuantizationSetting, QuantizationSettingFactory
     setting = (QuantizationSetting.load(args.setting) if args.setting
                else QuantizationSettingFactory.for_platform(platform))
     changes = {}
@@ -191,7 +191,7 @@ def image_options(args) -> dict:
 
 def open_calibration(folder: str, graph, batch_size: int, input_shape, options: dict):
     """The CalibrationFolder for ``graph``; warnings it raises are printed as 'ppqlike: warning: ...'."""
-    from .io.calibration_data import CalibrationFolder, InputSpec, input_specs
+    from ..io.calibration_data import CalibrationFolder, InputSpec, input_specs
     specs = input_specs(graph)
     if input_shape is not None:
         if len(specs) != 1:
@@ -207,9 +207,9 @@ def open_calibration(folder: str, graph, batch_size: int, input_shape, options: 
 
 
 def run_quantize(args: argparse.Namespace) -> int:
-    from .api import quantize_onnx_model
-    from .cli_output import OutputFolder
-    from .io import load_onnx_graph
+    from ..api import quantize_onnx_model
+    from .output import OutputFolder
+    from ..io import load_onnx_graph
 
     started = time.perf_counter()
     platform = parse_platform(args.platform)
@@ -246,7 +246,7 @@ def run_quantize(args: argparse.Namespace) -> int:
                    "description": data.describe()}
     summary = export_folder(graph, platform, output, names, model, started, calibration, report_data=data,
                             verbose=not args.quiet)
-    from .cli_output import print_summary
+    from .output import print_summary
     print_summary(summary)
     return 0
 
@@ -258,8 +258,8 @@ def export_folder(graph, platform, output, names: dict, source: str, started: fl
     With a ``'report'`` entry in ``names`` a report.html is written too, its analyses run on the first
     batch of ``report_data`` (see :func:`ppqlike.analysis.quick_report`).
     """
-    from .cli_export import export_quantized, exported_states
-    from .cli_output import dispatch_counts, peak_memory_mib, write_summary
+    from .export import export_quantized, exported_states
+    from .output import dispatch_counts, peak_memory_mib, write_summary
 
     quantized_at = time.perf_counter()
     info: dict = {}
@@ -272,7 +272,7 @@ def export_folder(graph, platform, output, names: dict, source: str, started: fl
         metadata = graph.metadata.get("quantization", {})
         report = None
         if "report" in names:
-            from .analysis import quick_report
+            from ..analysis import quick_report
             report = quick_report(os.path.join(staging, names["report"]), graph, source,
                                   os.path.join(staging, names["model"]), report_data,
                                   extra={"calibration": (calibration or {}).get("description"),

@@ -11,9 +11,9 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from .core.errors import PlatformError
-from .io.onnx_export import atomic_write_bytes, read_json
-from .platforms.target import TargetPlatform
+from ..core.errors import PlatformError
+from ..io.files import atomic_write_bytes, read_json
+from ..platforms.target import TargetPlatform
 
 _OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")

@@ -18,8 +18,8 @@ import sys
 import tempfile
 from typing import Callable
 
-from .core.errors import ExportError
-from .io.onnx_export import atomic_write_bytes
+from ..core.errors import ExportError
+from ..io.files import atomic_write_bytes
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -1,7 +1,7 @@
 """The ``ppqlike`` command line.
 
 ``ppqlike quantize`` quantizes an ONNX model on a calibration folder
-(:mod:`ppqlike.cli_quantize`); ``ppqlike demo`` runs the embedded default
+(:mod:`ppqlike.cli.quantize`); ``ppqlike demo`` runs the embedded default
 model end to end.  Every deliberate error prints one line,
 ``ppqlike: error: ...``, and exits with status 2; no traceback.
 """
@@ -15,7 +15,7 @@ from importlib import resources
 
 import numpy as np
 
-from .core.errors import PPQLikeError
+from ..core.errors import PPQLikeError
 
 #: The demo's platform: onnxruntime's QDQ format is what it runs natively (uint8 activations,
 #: int8 per-channel weights, rounding half to even), so the exported model computes exactly what
@@ -59,11 +59,11 @@ def run_demo(args: argparse.Namespace) -> int:
     """Quantize the embedded model on the calibration split and compare FP32, simulated and exported INT8."""
     import onnxruntime
 
-    from .api import quantize_onnx_model
-    from .cli_output import OutputFolder, print_summary
-    from .cli_quantize import export_folder, parse_platform
-    from .executor import NumpyExecutor
-    from .io import load_onnx_graph
+    from ..api import quantize_onnx_model
+    from .output import OutputFolder, print_summary
+    from .quantize import export_folder, parse_platform
+    from ..executor import NumpyExecutor
+    from ..io import load_onnx_graph
 
     started = time.perf_counter()
     platform = parse_platform(args.platform)
@@ -109,7 +109,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cli_quantize import add_quantize_parser
+    from .quantize import add_quantize_parser
     parser = _Parser(prog="ppqlike", description="Post-training quantization of ONNX models, in the style of PPQ. "
                      "Errors print one line 'ppqlike: error: ...' and exit with status 2.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -1,0 +1,76 @@
+"""Refine: correct the quantizer's configs op by op from each op's semantics (the first pass).
+
+The platform quantizer writes configs from the policy alone.  This pass reads
+the op and its tensors and corrects them:
+
+* shape, size, index, roi and scale inputs (slot kind ``none``) become SOI;
+* integer and boolean tensors become FP32 (never quantized);
+* the bias of Conv/ConvTranspose/Gemm becomes a PASSIVE_INIT int32 config when
+  the platform keeps int32 biases and both its masters (input and weight) are
+  quantized, FP32 otherwise;
+* Clip bounds and the Pad value become PASSIVE_INIT (the grid of input 0).
+
+Reads: INITIAL configs.  Writes: SOI, FP32 and PASSIVE_INIT states, and the bias configs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...core.ir import Graph, Variable
+from ...core.quant import QuantizationStates
+from ...platforms import slots
+from ...platforms.quantizer import PlatformPolicy, PlatformQuantizer
+from ..base import QuantizationOptimizationPass
+
+S = QuantizationStates
+
+
+def is_float_tensor(variable: Variable) -> bool:
+    """A floating-point tensor (or one whose type is unknown, which the executor computes in float)."""
+    dtype = variable.dtype if variable.value is None else variable.value.dtype
+    return dtype is None or np.issubdtype(dtype, np.floating)
+
+
+class QuantizeRefinePass(QuantizationOptimizationPass):
+    """Turn the policy's INITIAL configs into what each op's semantics allows."""
+
+    name = "refine"
+
+    def __init__(self, policy: PlatformPolicy):
+        self.quantizer = PlatformQuantizer(policy)
+
+    def optimize(self, graph: Graph, **kwargs) -> dict:
+        counts = {"soi": 0, "non_float": 0, "bias": 0, "float_bias": 0, "passive": 0}
+        for operation in graph.topological_sort():
+            config = operation.config
+            if config is None:
+                continue
+            inputs = config.input_quantization_config
+            for index, (variable, kind) in enumerate(zip(operation.inputs, slots.input_slots(operation))):
+                tqc = inputs[index] if index < len(inputs) else None
+                if tqc is None or tqc.state is not S.INITIAL:
+                    continue
+                if kind == slots.NONE:
+                    tqc.state = S.SOI
+                    counts["soi"] += 1
+                elif not is_float_tensor(variable):
+                    tqc.state = S.FP32
+                    counts["non_float"] += 1
+                elif kind == slots.PASSIVE:
+                    inputs[index] = self.quantizer.passive_config(variable.name)
+                    counts["passive"] += 1
+                elif kind == slots.BIAS:
+                    masters = inputs[:2]
+                    if self.quantizer.policy.bias_int32 and len(masters) == 2 and all(
+                            m is not None and m.state is S.INITIAL for m in masters):
+                        inputs[index] = self.quantizer.bias_config(variable.name)
+                        counts["bias"] += 1
+                    else:
+                        tqc.state = S.FP32
+                        counts["float_bias"] += 1
+            for variable, tqc in zip(operation.outputs, config.output_quantization_config):
+                if tqc is not None and tqc.state is S.INITIAL and not is_float_tensor(variable):
+                    tqc.state = S.FP32
+                    counts["non_float"] += 1
+        return counts

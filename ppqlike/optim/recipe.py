@@ -1,0 +1,90 @@
+"""The recipe: from a setting and a platform to the policy in effect, the formatting steps and the passes.
+
+One place says what a quantization run does: :func:`resolve_policy` (the
+platform's policy with the setting's overrides), :func:`format_for_quantization`
+(the graph formatting the setting enables) and :func:`build_pipeline` (the
+passes, in order: refine, fusion, simplify, [equalization], parameter,
+[AdaRound], calibration, alignment, passive, [bias correction], [mixed
+precision], [integer requantization], [runtime kernels], baking).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..core.ir import Graph
+from ..io import format as graph_format
+from ..platforms.policies import get_platform_policy
+from ..platforms.quantizer import PlatformPolicy
+from .base import DEFAULT_PASS_REGISTRY, QuantizationOptimizationPipeline
+from .passes import (AdaroundPass, BiasCorrectionPass, FusionPass, IntegerRequantizationPass,
+                     LayerwiseEqualizationPass, MixedPrecisionPass, ParameterBakingPass, ParameterQuantizePass,
+                     PassiveParameterQuantizePass, QuantizationAlignmentPass, QuantizationSimplifyPass,
+                     QuantizeRefinePass, RuntimeCalibrationPass, RuntimeKernelPass)
+from .setting import QuantizationSetting
+
+__all__ = ["resolve_policy", "build_pipeline", "format_for_quantization"]
+
+
+def resolve_policy(platform, setting: QuantizationSetting) -> PlatformPolicy:
+    """The platform's policy with the setting's overrides (observer, per-channel weights, Add alignment)."""
+    policy = get_platform_policy(platform)
+    changes: dict[str, Any] = {}
+    if setting.activation_observer is not None:
+        changes["activation"] = replace(policy.activation, observer=setting.activation_observer)
+    if setting.weight_per_channel is not None:
+        changes["weight"] = replace(policy.weight, per_channel=setting.weight_per_channel)
+    if setting.add_alignment is not None:
+        changes["add_alignment"] = setting.add_alignment
+    return policy.with_changes(**changes) if changes else policy
+
+
+def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose: int = 0,
+                   registry=DEFAULT_PASS_REGISTRY) -> QuantizationOptimizationPipeline:
+    """The pipeline for ``policy`` and ``setting``, with the registered user passes placed in it."""
+    passes = [QuantizeRefinePass(policy)]
+    if setting.fusion:
+        passes.append(FusionPass(policy.fused_activations))
+    if setting.simplify:
+        passes.append(QuantizationSimplifyPass())
+    if setting.equalization:  # changes the FP32 weights: before they are quantized
+        passes.append(LayerwiseEqualizationPass(setting.equalization_iterations, setting.equalization_clip,
+                                                setting.equalization_max_scale))
+    passes.append(ParameterQuantizePass())
+    if setting.adaround:  # needs the weight scales; bakes the weights it rounds, so activations are
+        # calibrated on the network as it will run (4-bit weights change the activations a lot)
+        passes.append(AdaroundPass(steps=setting.adaround_steps, samples=setting.adaround_samples,
+                                   inputs="float", verbose=verbose > 0))
+    passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0),
+               QuantizationAlignmentPass(setting.concat_alignment, policy.add_alignment),
+               PassiveParameterQuantizePass()]
+    if setting.bias_correction:  # measures the error of the weights as they will be baked
+        passes.append(BiasCorrectionPass(steps=setting.bias_correction_steps,
+                                         new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0))
+    if setting.mixed_precision_target_cosine is not None:  # needs every other decision taken
+        passes.append(MixedPrecisionPass(setting.mixed_precision_target_cosine,
+                                         batches=setting.mixed_precision_batches,
+                                         max_ops=setting.mixed_precision_max_ops, verbose=verbose > 0))
+    if policy.integer_requantization:
+        passes.append(IntegerRequantizationPass())
+    if policy.runtime_kernels:
+        passes.append(RuntimeKernelPass(policy.runtime_kernels))
+    passes.append(ParameterBakingPass())
+    return registry.apply(QuantizationOptimizationPipeline(passes))
+
+
+def format_for_quantization(graph: Graph, setting: QuantizationSetting) -> dict:
+    """Apply the formatting steps the setting enables; returns their reports by name."""
+    reports = {}
+    if setting.remove_identity:
+        reports["remove_identity"] = graph_format.remove_identity(graph)
+    if setting.fold_constants:
+        reports["fold_constants"] = graph_format.fold_constants(graph)
+    if setting.fold_batchnorm:
+        reports["fold_batchnorm"] = graph_format.fold_batchnorm(graph)
+    if setting.fold_bias_add:
+        reports["fold_bias_add"] = graph_format.fold_bias_add(graph)
+    if setting.fold_pad:
+        reports["fold_pad_into_conv"] = graph_format.fold_pad_into_conv(graph)
+    return reports
