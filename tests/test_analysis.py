@@ -19,12 +19,13 @@ import ppqlike
 from onnx_helpers import make_model
 from ppqlike import api
 from ppqlike.analysis import (ErrorStats, compare_stages, cosine_similarity, euclidean_similarity,
-                              graphwise_error_analyse, layerwise_error_analyse, mse, quantized_operations, snr,
+                              graphwise_error_analyse, layerwise_error_analyse, mse, quantizing_operations, snr,
                               sqnr)
 from ppqlike.analysis.metrics import CHUNK, check_method
 from ppqlike.core.quant import is_dequantizable
 from ppqlike.executor import NumpyExecutor, OperationHook
-from ppqlike.executor.simulation import dequantized, iter_tensor_configs
+from ppqlike.core.quant_graph import iter_tensor_configs
+from ppqlike.executor.simulation import dequantized
 from shared_bench import PRESETS, load_images, requires_bench
 
 PLATFORM = "ORT_INT8"
@@ -112,7 +113,7 @@ def test_streaming_sums_equal_the_concatenation():
 def test_graphwise_ranks_the_sensitive_layer_worst(quantized, capsys):
     for method in ("snr", "cosine"):
         result = graphwise_error_analyse(quantized, batches(2, seed=1), method=method, verbose=True)
-        assert list(result) == [op.name for op in quantized_operations(quantized)]
+        assert list(result) == [op.name for op in quantizing_operations(quantized)]
         assert result.sorted_items()[0][0] == "conv2", result.table()
     out = capsys.readouterr().out
     assert "graphwise error analysis (cosine, worst first" in out
@@ -252,7 +253,7 @@ def test_mobilenetv2_analyses(tmp_path):
     executor = NumpyExecutor(graph)
     kept = {}
     graphwise = graphwise_error_analyse(graph, [images[:4]], executor=executor, verbose=False, keep_outputs=kept)
-    ops = quantized_operations(graph)
+    ops = quantizing_operations(graph)
     assert len(graphwise) == len(ops) > 100
     assert all(math.isfinite(v) or v == math.inf for v in graphwise.values())
     layerwise = layerwise_error_analyse(graph, [images[:2]], executor=executor, verbose=False,

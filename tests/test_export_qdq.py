@@ -251,7 +251,7 @@ def test_tpu_rounding_warns_and_is_reported(model_dir, tmp_path):
         report = export_qdq_onnx(graph, tmp_path / "tpu.onnx")
     slots = applied_activation_slots(graph)
     assert report["rounding_mismatch"]["roundings"] == {"ROUND_HALF_AWAY_FROM_ZERO": len(slots)}
-    requantized = [f"{op.name}/{side}/{slot}" for op, side, slot, _, c in slots if "requantization" in c.detail]
+    requantized = [f"{op.name}/{side}/{slot}" for op, side, slot, _, c in slots if c.requantization is not None]
     assert report["rounding_mismatch"]["integer_requantization"] == requantized
     assert {"conv1/output/0", "gemm/output/0"} <= set(requantized)  # OVERLAPPED by relu1, and ACTIVATED
     model, _ = build_qdq_model(graph)

@@ -83,12 +83,12 @@ def test_tpu_requantization_is_integer_and_matches_the_formula():
     graph, batches = quantized("TPU_INT8", observer="minmax")
     conv = graph.operations["conv4"]  # not fused: its output config is applied
     output = conv.config.output_quantization_config[0]
-    facts = output.detail["requantization"]
-    assert all(isinstance(m, int) for m in facts["multiplier"]) and all(isinstance(s, int) for s in facts["right_shift"])
+    facts = output.requantization
+    assert all(isinstance(m, int) for m in facts.multiplier) and all(isinstance(s, int) for s in facts.right_shift)
     assert all(r is RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO for r in [c.rounding for _, c in configs(graph)])
     data, weight, bias = conv.config.input_quantization_config
     # M0 / 2^rshift reproduces S_x * S_w / S_y
-    ratio = np.asarray(facts["multiplier"], np.float64) / 2.0 ** np.asarray(facts["right_shift"])
+    ratio = np.asarray(facts.multiplier, np.float64) / 2.0 ** np.asarray(facts.right_shift)
     exact = np.float64(data.scale) * weight.scale.astype(np.float64) / np.float64(output.scale)
     np.testing.assert_allclose(ratio, exact, rtol=2.0 ** -30)
     # the simulated output equals the integer formula computed here from integers alone
@@ -98,7 +98,7 @@ def test_tpu_requantization_is_integer_and_matches_the_formula():
     q_w = np.rint(weight.baked_value / weight.scale[:, None, None, None]).astype(np.int64)
     q_b = np.rint(bias.baked_value / bias.scale).astype(np.int64)
     acc = np.einsum("nchw,oc->nohw", q_x, q_w[:, :, 0, 0]) + q_b[None, :, None, None]
-    expected_q = numerics.requantize(acc, np.asarray(facts["multiplier"]), np.asarray(facts["right_shift"]), 0,
+    expected_q = numerics.requantize(acc, np.asarray(facts.multiplier), np.asarray(facts.right_shift), 0,
                                      output.quant_min, output.quant_max, output.rounding, channel_axis=1)
     np.testing.assert_array_equal(output.quantize(conv_output), expected_q)
 

@@ -18,7 +18,7 @@ import pytest
 
 from ppqlike import api
 from ppqlike.analysis import (compare_stages, graphwise_error_analyse, layerwise_error_analyse,
-                              quantized_operations, quick_report, write_report)
+                              quantizing_operations, quick_report, write_report)
 from ppqlike.cli import load_demo_data, main
 from test_analysis import PLATFORM, batches, sensitive_model
 
@@ -131,7 +131,7 @@ def test_quick_report_and_a_failing_stage(analysed, tmp_path):
     assert_self_contained(page, source)
     text = " ".join(page.text)
     assert "stage exported skipped" in text and "fp32_onnx" in text
-    assert bars(page) == [[op.name for op in quantized_operations(graph)]]
+    assert bars(page) == [[op.name for op in quantizing_operations(graph)]]
 
 
 def test_quantize_command_writes_the_report(tmp_path, capsys):

@@ -8,13 +8,13 @@
 No analysis changes a config state (see :mod:`ppqlike.analysis.stepping`).
 """
 
+from ..core.quant_graph import quantizing_operations
 from .error import ErrorAnalysis, graphwise_error_analyse, layerwise_error_analyse
 from .metrics import ErrorStats, compare, cosine_similarity, euclidean_similarity, mse, snr, sqnr
 from .report import render_report, write_report
 from .run_report import quick_report
 from .stages import compare_stages
-from .stepping import quantized_operations
 
 __all__ = ["ErrorAnalysis", "ErrorStats", "compare", "compare_stages", "cosine_similarity",
            "euclidean_similarity", "graphwise_error_analyse", "layerwise_error_analyse", "mse",
-           "quantized_operations", "quick_report", "render_report", "snr", "sqnr", "write_report"]
+           "quantizing_operations", "quick_report", "render_report", "snr", "sqnr", "write_report"]

@@ -133,7 +133,7 @@ def graphwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | Non
     accumulated (in float64, over all elements of all batches: the measure of
     the concatenated data) and the arrays dropped when the plan no longer needs
     them.  ``operations`` restricts the ops measured (default: every op with a
-    config in effect, see :func:`ppqlike.analysis.stepping.quantized_operations`).
+    config in effect, see :func:`ppqlike.core.quant_graph.quantizing_operations`).
     With ``verbose`` a tqdm bar shows the batches and the table is printed,
     worst first.  Config states are never changed.  ``keep_outputs``, a dict, receives the
     last batch's ``'inputs'`` and graph outputs in float (``'ir_float'``) and quantized

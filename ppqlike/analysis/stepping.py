@@ -20,30 +20,13 @@ import numpy as np
 
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
-from ..core.quant import is_applied, is_baked
+from ..core.quant_graph import quantizing_operations
 from ..executor import NumpyExecutor
-
-
-def quantized_operations(graph: Graph) -> list[Operation]:
-    """Ops (topological order) with at least one config in effect: applied (ACTIVATED, SLAVE, PASSIVE) or baked.
-
-    An op whose configs are all OVERLAPPED (Reshape, Flatten after simplify) quantizes nothing
-    itself: its tensors' quantization belongs to the op owning the master config.
-    """
-    chosen = []
-    for operation in graph.topological_sort():
-        config = operation.config
-        if config is None:
-            continue
-        configs = list(config.input_quantization_config) + list(config.output_quantization_config)
-        if any(c is not None and (is_applied(c.state) or is_baked(c.state)) for c in configs):
-            chosen.append(operation)
-    return chosen
 
 
 def select_operations(graph: Graph, operations: Iterable | None) -> list[Operation]:
     """The quantized ops to analyse: all of them, or those named in ``operations`` (KeyError names unknown ones)."""
-    available = quantized_operations(graph)
+    available = quantizing_operations(graph)
     if operations is None:
         return available
     wanted = {op if isinstance(op, str) else op.name for op in operations}

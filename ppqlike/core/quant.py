@@ -33,13 +33,14 @@ from ppqlike.core.quant_states import (
     DEQUANTIZABLE_STATES, GOVERNED_STATES, STATE_TRANSITIONS, QuantizationStates,
     can_transition, is_applied, is_baked, is_dequantizable, is_governed,
 )
+from ppqlike.core.requantization import IntegerRequantization
 from ppqlike.core.rounding import RoundingPolicy
 
 __all__ = [
     "RoundingPolicy", "QuantizationStates", "STATE_TRANSITIONS", "QuantizationProperty",
     "QuantizationPolicy", "TensorQuantizationConfig", "OperationQuantizationConfig",
     "is_applied", "is_baked", "is_governed", "is_dequantizable", "can_transition",
-    "default_quant_range",
+    "default_quant_range", "IntegerRequantization",
 ]
 
 S = QuantizationStates
@@ -70,7 +71,12 @@ class TensorQuantizationConfig(QuantGridBase):
         self._dequantized_from: QuantizationStates | None = None
         self._init_grid(name, policy, rounding, num_of_bits, quant_min, quant_max, channel_axis)
         self.observer_algorithm = observer_algorithm
+        #: free-form facts passes report about this config (search candidates, AdaRound losses)
         self.detail: dict = dict(detail or {})
+        #: the integer multiplier/shift of a computing op's output (IntegerRequantizationPass), or None
+        self.requantization: IntegerRequantization | None = None
+        #: the runtime whose integer kernel the simulation computes for the op (RuntimeKernelPass), or None
+        self.runtime_kernel: str | None = None
         #: BAKED / PASSIVE_BAKED parameters: the value quantized once (as float), used instead of the
         #: FP32 original, which stays untouched in Variable.value (DEQUANTIZED reads that again).
         self.baked_value: np.ndarray | None = None
@@ -271,9 +277,11 @@ class TensorQuantizationConfig(QuantGridBase):
         return self._dequantized_from
 
     def reset(self) -> None:
-        """Back to INITIAL from any state (SOI too): masters, scale and offset cleared."""
+        """Back to INITIAL from any state (SOI too): masters, scale, offset and what passes derived from
+        them (integer requantization, runtime kernel) cleared."""
         self._state, self._dequantized_from = S.INITIAL, None
         self._masters, self._scale, self._offset = (), None, None
+        self.requantization, self.runtime_kernel = None, None
 
     # --------------------------------------------------------------- numerics
     def _params(self):
@@ -323,6 +331,8 @@ class TensorQuantizationConfig(QuantGridBase):
             "channel_axis": self.channel_axis, "observer_algorithm": self.observer_algorithm,
             "scale": _to_json(scale, float), "offset": _to_json(offset, int),
             "masters": [m.name for m in self._masters], "detail": _copy.deepcopy(self.detail),
+            "requantization": None if self.requantization is None else self.requantization.to_dict(),
+            "runtime_kernel": self.runtime_kernel,
         }
 
     @classmethod
@@ -334,6 +344,8 @@ class TensorQuantizationConfig(QuantGridBase):
                   data["num_of_bits"], data["quant_min"], data["quant_max"],
                   observer_algorithm=data.get("observer_algorithm", "minmax"),
                   channel_axis=data.get("channel_axis"), name=data.get("name", ""), detail=data.get("detail"))
+        cfg.requantization = IntegerRequantization.from_dict(data.get("requantization"))
+        cfg.runtime_kernel = data.get("runtime_kernel")
         if data.get("scale") is not None:
             cfg._store(data["scale"], data.get("offset") or 0)
         cfg._state = QuantizationStates(data["state"])

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
+from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
 from .ops import Kernel, build_kernel
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .simulation import apply_config, apply_output_config
@@ -55,12 +56,6 @@ class _Plan:
     steps: list
     needed_inputs: tuple
     fusions: dict = field(default_factory=dict)   # step index of a Conv -> step index of its Relu/Clip
-
-
-#: Ops whose kernels return a fresh array (a view of a buffer they just made, at most), and
-#: activations that can then be applied in place on it.
-_FUSABLE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
-_FUSABLE_ACTIVATIONS = frozenset({"Relu", "Clip"})
 
 
 class NumpyExecutor:
@@ -148,11 +143,11 @@ class NumpyExecutor:
         position = {op.name: i for i, op in enumerate(order)}
         fusions = {}
         for index, operation in enumerate(order):
-            if operation.type not in _FUSABLE_PRODUCERS or len(operation.outputs) != 1:
+            if operation.type not in COMPUTING_TYPES or len(operation.outputs) != 1:
                 continue
             output = operation.outputs[0]
             readers = output.consumers
-            if len(readers) == 1 and readers[0].type in _FUSABLE_ACTIVATIONS and output.name not in keep \
+            if len(readers) == 1 and readers[0].type in FUSABLE_ACTIVATIONS and output.name not in keep \
                     and readers[0].inputs[0] is output and readers[0].name in position:
                 fusions[index] = position[readers[0].name]
         return _Plan(steps, needed_inputs, fusions)

@@ -5,9 +5,8 @@ groups into integer kernels (QLinearConv, QLinearMatMul, QGemm, QLinearAdd,
 QLinearGlobalAveragePool).  Their results differ from "float op on
 dequantized values, then QuantizeLinear" wherever a value lies near a
 rounding boundary, and over fifty layers such one-step flips compound.  An
-op whose output config carries ``detail['runtime_kernel'] = 'onnxruntime'``
-(written by ``OnnxruntimeKernelPass``) is therefore simulated as the kernel
-computes it.  With q the integers, z the zero points and S the scales
+op whose output config carries ``runtime_kernel = 'onnxruntime'`` (marked
+by ``RuntimeKernelPass``) is therefore simulated as the kernel computes it.  With q the integers, z the zero points and S the scales
 (float32, as the exported model stores them):
 
 * Conv / MatMul / Gemm (QLinearConv, QLinearMatMul, QGemm):
@@ -42,7 +41,7 @@ import numpy as np
 from ..core.ir import Operation
 from ..core.numerics import along_channel_axis
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
-from .simulation import awaits_master, overlapped_root
+from ..core.quant_graph import awaits_master, overlapped_root
 
 RUNTIME_KERNEL = "onnxruntime"
 LINEAR_TYPES = frozenset({"Conv", "MatMul", "Gemm"})
@@ -56,7 +55,7 @@ def wants_runtime_kernel(operation: Operation) -> bool:
     if config is None or operation.type not in SUPPORTED_TYPES or not config.output_quantization_config:
         return False
     output = config.output_quantization_config[0]
-    return output is not None and output.detail.get("runtime_kernel") == RUNTIME_KERNEL
+    return output is not None and output.runtime_kernel == RUNTIME_KERNEL
 
 
 def _root(config: TensorQuantizationConfig | None) -> TensorQuantizationConfig | None:

@@ -1,4 +1,6 @@
-"""Quantization simulation: which configs the executor applies, and the dequantize context.
+"""Quantization simulation: how the executor applies configs, and the dequantize context.
+
+Which configs are in effect is decided in ``ppqlike.core.quant_graph``; this module runs them.
 
 Per input or output slot of an op with an OperationQuantizationConfig:
 
@@ -13,23 +15,13 @@ Per input or output slot of an op with an OperationQuantizationConfig:
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
 
-from ..core.ir import Graph, Operation, Variable
-from ..core.quant import (QuantizationStates, TensorQuantizationConfig, is_applied, is_baked,
-                          is_dequantizable)
+import numpy as np
 
-
-def awaits_master(config: TensorQuantizationConfig) -> bool:
-    """A SLAVE whose master is not calibrated yet (during calibration): it has nothing to apply."""
-    return config.state is QuantizationStates.SLAVE and config.master.state is QuantizationStates.INITIAL
-
-
-def overlapped_root(config: TensorQuantizationConfig) -> TensorQuantizationConfig:
-    """The end of ``config``'s chain of OVERLAPPED masters (``config`` itself when not OVERLAPPED)."""
-    while config.state is QuantizationStates.OVERLAPPED and config.master is not None:
-        config = config.master
-    return config
+from ..core import numerics
+from ..core.ir import Graph
+from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
+from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 
 
 def apply_config(config: TensorQuantizationConfig | None, value):
@@ -47,24 +39,20 @@ def apply_config(config: TensorQuantizationConfig | None, value):
 
 
 def requantize_output(config: TensorQuantizationConfig, value):
-    """Integer requantization of a computing op's output (``detail['requantization']``, TPU style).
+    """Integer requantization of a computing op's output (``config.requantization``, TPU style).
 
     The float output y is turned back into its int32 accumulator
     acc = round(y / S_acc) (exact up to float error), requantized with the
     stored integer multiplier and right shift under the config's rounding,
     and dequantized with the output scale.
     """
-    import numpy as np
-
-    from ..core import numerics
-
-    facts = config.detail["requantization"]
-    axis = facts["channel_axis"] % value.ndim
-    accumulator_scale = np.asarray(facts["accumulator_scale"], np.float64)
-    per_channel = accumulator_scale.size > 1
+    facts = config.requantization
+    axis = facts.channel_axis % value.ndim
+    accumulator_scale = np.asarray(facts.accumulator_scale, np.float64)
+    per_channel = facts.per_channel
     acc = np.rint(value.astype(np.float64) / numerics.along_channel_axis(
         accumulator_scale, value.ndim, value.shape, axis if per_channel else None)).astype(np.int64)
-    multiplier, shift = np.asarray(facts["multiplier"]), np.asarray(facts["right_shift"])
+    multiplier, shift = np.asarray(facts.multiplier), np.asarray(facts.right_shift)
     q = numerics.requantize(acc, multiplier if per_channel else int(multiplier[0]),
                             shift if per_channel else int(shift[0]), int(config.offset),
                             config.quant_min, config.quant_max, config.rounding,
@@ -72,42 +60,12 @@ def requantize_output(config: TensorQuantizationConfig, value):
     return numerics.dequantize(q, config.scale, config.offset)
 
 
-def quantizes(config: TensorQuantizationConfig | None, side: str) -> bool:
-    """Whether the executor quantizes an activation through ``config`` at run time.
-
-    Applied states do; so does an output config carrying an integer
-    requantization (TPU style) while it is OVERLAPPED by a master that is
-    itself applied (not while the graph runs dequantized).  Exporters use this
-    same rule, so the exported model quantizes exactly where the simulation does.
-    """
-    if config is None:
-        return False
-    if is_applied(config.state):
-        return True
-    if side != "output" or config.state is not QuantizationStates.OVERLAPPED or "requantization" not in config.detail:
-        return False
-    return is_applied(overlapped_root(config).state)
-
-
 def apply_output_config(config: TensorQuantizationConfig | None, value):
     """The value an op's output takes through ``config``: integer requantization where configured."""
-    if value is not None and "requantization" in getattr(config, "detail", ()) and quantizes(config, "output"):
+    if value is not None and config is not None and config.requantization is not None \
+            and quantizes(config, "output"):
         return requantize_output(config, value)
     return apply_config(config, value)
-
-
-def iter_tensor_configs(graph: Graph) -> Iterator[tuple[Operation, str, int, Variable, TensorQuantizationConfig]]:
-    """Every (op, 'input'|'output', slot, variable, config) of the graph's quantized ops."""
-    for operation in graph.operations.values():
-        config = operation.config
-        if config is None:
-            continue
-        for index, tqc in enumerate(config.input_quantization_config):
-            if tqc is not None and index < len(operation.inputs):
-                yield operation, "input", index, operation.inputs[index], tqc
-        for index, tqc in enumerate(config.output_quantization_config):
-            if tqc is not None and index < len(operation.outputs):
-                yield operation, "output", index, operation.outputs[index], tqc
 
 
 @contextmanager

@@ -1,11 +1,8 @@
 """What every exporter shares: config ids, the applied parameters of a config, integer storage types,
 the rounding check, the graph header and the atomic text writer.
 
-Vocabulary (matches ``ppqlike.executor.simulation``):
-
-* *applied*: ACTIVATED, SLAVE, PASSIVE — the executor fake-quantizes the value;
-* *baked*: BAKED, PASSIVE_BAKED — the executor reads ``config.baked_value``;
-* every other state passes the value through.
+Which configs are in effect (applied, baked, governing) is decided in ``ppqlike.core.quant_graph``,
+the rule the simulation follows too.
 """
 
 from __future__ import annotations
@@ -21,12 +18,9 @@ from onnx import TensorProto
 
 from ..core.errors import ExportError
 from ..core.ir import Graph, Operation, Variable
-from ..core.quant import QuantizationStates, RoundingPolicy, TensorQuantizationConfig, is_applied
-from ..executor import simulation
-from ..executor.simulation import iter_tensor_configs
+from ..core.quant import RoundingPolicy, TensorQuantizationConfig
+from ..core.quant_graph import governing_config, iter_tensor_configs, quantizes, requantized
 from ..io.files import atomic_write_bytes
-
-S = QuantizationStates
 
 __all__ = ["ExportRoundingWarning", "config_id", "split_config_id", "iter_configs", "is_param_slot",
            "StorageType", "storage_type", "rounding_mismatch", "quantizes", "requantized", "warn_rounding",
@@ -105,16 +99,6 @@ def storage_type(quant_min: int, quant_max: int, allow_int32: bool = False, who:
                       "QuantizeLinear type (8 and 16 bits only; 32 bits only for parameters)")
 
 
-def quantizes(config: TensorQuantizationConfig | None, side: str) -> bool:
-    """Whether the executor quantizes the value through ``config`` (the executor's own rule)."""
-    return simulation.quantizes(config, side)
-
-
-def requantized(config: TensorQuantizationConfig | None, side: str) -> bool:
-    """An output config the executor requantizes with an integer multiplier and shift."""
-    return config is not None and side == "output" and "requantization" in config.detail and quantizes(config, side)
-
-
 def _is_activation(graph: Graph, variable: Variable | None) -> bool:
     return variable is not None and not is_param_slot(graph, variable)
 
@@ -178,26 +162,6 @@ def write_text(path, text: str, protect: tuple = ()) -> str:
 def write_json(path, data, protect: tuple = ()) -> str:
     """Write ``data`` as indented JSON atomically; returns the absolute path."""
     return write_text(path, json.dumps(data, indent=1, allow_nan=False) + "\n", protect=protect)
-
-
-def governing_config(config: TensorQuantizationConfig) -> TensorQuantizationConfig | None:
-    """The config whose scale a tensor carries: itself when applied, its master chain's end when
-    OVERLAPPED/SLAVE, None when the tensor is not quantized (FP32, SOI, INITIAL, ...)."""
-    seen = set()
-    while config is not None and id(config) not in seen:
-        seen.add(id(config))
-        if config.state in (S.ACTIVATED, S.PASSIVE, S.BAKED, S.PASSIVE_BAKED):
-            return config
-        if config.state in (S.OVERLAPPED, S.SLAVE):
-            master = config.master
-            if master is None:
-                return None
-            if config.state is S.SLAVE:
-                return config
-            config = master
-            continue
-        return None
-    return None
 
 
 def tensor_configs(graph: Graph) -> dict[str, TensorQuantizationConfig]:

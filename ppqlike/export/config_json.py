@@ -162,6 +162,7 @@ def config_to_json(graph: Graph, parameters: str = "auto") -> dict:
             "num_of_bits": data["num_of_bits"], "quant_min": data["quant_min"], "quant_max": data["quant_max"],
             "channel_axis": data["channel_axis"], "scale": data["scale"], "offset": data["offset"],
             "observer": data["observer_algorithm"], "masters": config.masters, "detail": _jsonable(data["detail"]),
+            "requantization": data["requantization"], "runtime_kernel": data["runtime_kernel"],
         }
         state = config.state if config.state is not S.DEQUANTIZED else config.dequantized_from
         if is_baked(state):
@@ -281,7 +282,8 @@ def load_config_json(graph: Graph, source) -> dict:
                    "quant_min": entry["quant_min"], "quant_max": entry["quant_max"],
                    "channel_axis": entry["channel_axis"], "observer_algorithm": entry["observer"],
                    "scale": entry["scale"], "offset": entry["offset"], "masters": entry["masters"],
-                   "detail": entry.get("detail") or {}}
+                   "detail": entry.get("detail") or {}, "requantization": entry.get("requantization"),
+                   "runtime_kernel": entry.get("runtime_kernel")}
         created[identifier] = TensorQuantizationConfig.from_dict(as_dict, lookup=created.__getitem__)
         report["configs"] += 1
     for entry in data["operations"]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.ir import Graph, Operation, Variable
+from ..core.op_facts import COMPUTING_TYPES
 from .format_report import FormatReport, finish_report, remove_dead_code, start_report
 from .shapes import infer_shapes
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
-LINEAR_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
 def _float_parameter(variable: Variable | None) -> bool:
@@ -55,7 +55,7 @@ def _fusable_producer(graph: Graph, variable: Variable, report: FormatReport, wh
     if producer is None:
         report.skipped[f"{what} on a graph input or constant"] += 1
         return None
-    if producer.type not in LINEAR_OPS or producer.domain not in DEFAULT_DOMAINS:
+    if producer.type not in COMPUTING_TYPES or producer.domain not in DEFAULT_DOMAINS:
         report.skipped[f"{what} after {producer.type}"] += 1
         return None
     if len(variable.consumers) != 1 or variable in graph.outputs:

@@ -15,6 +15,8 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 from ..core.ir import Graph, Operation
+from ..core.op_facts import PASS_THROUGH_TYPES
+from .files import MAX_IR_VERSION
 from .fold import fold_batchnorm, fold_bias_add
 from .fold_pad import fold_pad_into_conv
 from .format_report import FormatReport, finish_report, remove_dead_code, start_report
@@ -30,8 +32,6 @@ UNFOLDABLE_OPS = RANDOM_OPS | frozenset({
     "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceAt", "SequenceErase",
     "SequenceLength", "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalGetElement",
     "OptionalHasElement"})
-#: Ops that pass their first input through unchanged at inference.
-PASS_THROUGH_OPS = ("Identity", "Dropout")
 
 
 def remove_identity(graph: Graph) -> FormatReport:
@@ -43,7 +43,7 @@ def remove_identity(graph: Graph) -> FormatReport:
     """
     report = start_report(graph)
     for operation in graph.topological_sort():
-        if operation.type not in PASS_THROUGH_OPS or operation.domain not in DEFAULT_DOMAINS:
+        if operation.type not in PASS_THROUGH_TYPES or operation.domain not in DEFAULT_DOMAINS:
             continue
         if operation.type == "Dropout" and len(operation.inputs) > 2 and operation.inputs[2] is not None:
             training = operation.inputs[2]
@@ -84,7 +84,7 @@ def _run_onnxruntime(graph: Graph, operations: list, known: dict) -> dict:
                                    [helper.make_empty_tensor_value_info(n) for n in produced],
                                    list(initializers.values()))
     model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", graph.opset)])
-    model.ir_version = 10
+    model.ir_version = MAX_IR_VERSION
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 1

@@ -42,7 +42,7 @@ import networkx as nx
 from ..core.errors import PlatformError
 from ..core.ir import Graph, Operation, Variable
 from .dispatch_soi import data_free_operations, soi_input_indices, soi_operations, value_inputs, value_uses
-from .slots import COMPUTING_TYPES, VALUE_PRESERVING_TYPES
+from ..core.op_facts import COMPUTING_TYPES, VALUE_PRESERVING_TYPES
 from .target import TargetPlatform
 
 _FP32, _SOI = TargetPlatform.FP32, TargetPlatform.SOI

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..core.ir import Graph, Operation, Variable
+from ..core.op_facts import weight_channel_axis
 from ..core.quant import (OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
                           QuantizationStates, RoundingPolicy, TensorQuantizationConfig)
 from . import slots
@@ -114,7 +115,7 @@ class PlatformQuantizer:
         return config
 
     def _weight_config(self, operation: Operation, variable: Variable) -> TensorQuantizationConfig:
-        axis = slots.weight_channel_axis(operation)
+        axis = weight_channel_axis(operation)
         per_channel = self.policy.weight.per_channel and axis is not None
         if operation.type == "ConvTranspose" and operation.attributes.get("group", 1) != 1:
             per_channel = False  # per-channel scales would not line up with the bias of each group

@@ -26,15 +26,7 @@ _SPECIAL = {"Clip": (ACTIVATION, PASSIVE, PASSIVE), "Pad": (ACTIVATION, NONE, PA
 _ALL_DATA = frozenset({"Add", "Sub", "Mul", "Div", "Concat", "Max", "Min", "Sum", "Mean", "Where", "PRelu",
                        "Equal", "Greater", "Less"})
 
-COMPUTING_TYPES = frozenset(_COMPUTING)
 SLOT_TABLE = MappingProxyType({**_COMPUTING, **_SPECIAL})
-
-#: Ops that move values without changing them: their output keeps the input's scale and offset.
-VALUE_PRESERVING_TYPES = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool",
-                                    "GlobalMaxPool", "Slice", "Gather", "Split", "Expand", "Tile",
-                                    "Identity", "Dropout", "Pad", "SpaceToDepth", "DepthToSpace",
-                                    "ReduceMax", "ReduceMin"})
-
 
 def input_slots(operation: Operation) -> tuple[str, ...]:
     """The kind of every input slot of ``operation`` (see the module docstring)."""
@@ -51,18 +43,3 @@ def input_slots(operation: Operation) -> tuple[str, ...]:
         if second is None or not second.is_parameter:
             kinds = (ACTIVATION, ACTIVATION)
     return kinds
-
-
-def weight_channel_axis(operation: Operation) -> int | None:
-    """The output-channel axis of ``operation``'s weight (DESIGN.md §2), or None."""
-    weight = operation.inputs[1] if len(operation.inputs) > 1 else None
-    rank = None if weight is None or weight.value is None else weight.value.ndim
-    if operation.type == "Conv":
-        return 0
-    if operation.type == "ConvTranspose":
-        return 1
-    if operation.type == "Gemm":
-        return 0 if operation.attributes.get("transB", 0) else 1
-    if operation.type == "MatMul":
-        return None if rank is None or rank < 2 else rank - 1
-    return None

@@ -91,10 +91,10 @@ import numpy as np
 from ...core import numerics
 from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.quant_graph import configured_operations, input_config
 from ...executor import NumpyExecutor, OperationHook
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
-from ._common import input_config, quantized_operations
 
 S = QuantizationStates
 ZETA, GAMMA = 1.1, -0.1
@@ -427,7 +427,7 @@ class AdaroundPass(QuantizationOptimizationPass):
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
         executor = executor or NumpyExecutor(graph)
         stats, skipped = {}, []
-        for operation in quantized_operations(graph):
+        for operation in configured_operations(graph):
             if operation.type not in ("Conv", "Gemm"):
                 continue
             reason = _supported(operation, graph)

@@ -17,26 +17,21 @@ from __future__ import annotations
 
 from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.quant_graph import (configured_operations, input_config, master_root, output_config, producer_config,
+                                 same_grid)
 from ..base import QuantizationOptimizationPass
-from ._common import input_config, output_config, producer_config, quantized_operations, root, same_grid
 
 S = QuantizationStates
 
 
 def _make_slave(config: TensorQuantizationConfig, master: TensorQuantizationConfig) -> bool:
-    if config is master or root(config) is master or not same_grid(config, master):
+    if config is master or master_root(config) is master or not same_grid(config, master):
         return False
     try:
         config.dominated_by(master, S.SLAVE)
     except Exception:  # a link that would close a cycle: leave this input requantizing
         return False
     return True
-
-
-def _input_master(operation: Operation, index: int) -> TensorQuantizationConfig | None:
-    """The config that actually quantizes input ``index`` of ``operation``."""
-    config = input_config(operation, index)
-    return None if config is None else root(config)
 
 
 class QuantizationAlignmentPass(QuantizationOptimizationPass):
@@ -51,7 +46,7 @@ class QuantizationAlignmentPass(QuantizationOptimizationPass):
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
         slaves = 0
-        for operation in quantized_operations(graph):
+        for operation in configured_operations(graph):
             master = output_config(operation)
             if master is None or master.state is not S.ACTIVATED:
                 continue
@@ -69,7 +64,7 @@ class QuantizationAlignmentPass(QuantizationOptimizationPass):
             if variable is None or config is None or variable.is_parameter:
                 continue
             source = producer_config(variable)
-            quantizer = root(source) if source is not None else None
+            quantizer = master_root(source) if source is not None else None
             free = (quantizer is not None and quantizer.state is S.ACTIVATED
                     and all(c is operation for c in variable.consumers))
             if free and _make_slave(quantizer, master):
@@ -84,7 +79,7 @@ class QuantizationAlignmentPass(QuantizationOptimizationPass):
             return 0
         if self.add == "output":
             return sum(_make_slave(c, output) for c in configs)
-        roots = [root(c) for c in configs]
+        roots = [master_root(c) for c in configs]
         if any(r.scale is None or r.scale.ndim for r in roots):
             return 0
         larger = 0 if float(roots[0].scale) >= float(roots[1].scale) else 1

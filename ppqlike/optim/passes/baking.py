@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ...core.ir import Graph
 from ...core.quant import QuantizationStates
+from ...core.quant_graph import configured_operations, input_config
 from ..base import QuantizationOptimizationPass
-from ._common import input_config, quantized_operations
 
 S = QuantizationStates
 
@@ -23,7 +23,7 @@ class ParameterBakingPass(QuantizationOptimizationPass):
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
         baked = 0
-        for operation in quantized_operations(graph):
+        for operation in configured_operations(graph):
             for index, variable in enumerate(operation.inputs):
                 config = input_config(operation, index)
                 if variable is None or not variable.is_parameter or config is None:

@@ -58,15 +58,15 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ...core.ir import Graph, Operation
+from ...core.op_facts import BIAS_TYPES, output_channels
 from ...core.quant import (QuantizationPolicy, QuantizationProperty, QuantizationStates,
                            TensorQuantizationConfig)
+from ...core.quant_graph import configured_operations, input_config
 from ...executor import NumpyExecutor, OperationHook
 from ..base import QuantizationOptimizationPass, iterate_calibration
-from ._common import input_config, quantized_operations
 
 S = QuantizationStates
 P = QuantizationProperty
-_TYPES = ("Conv", "ConvTranspose", "Gemm")
 
 
 def quantized_weight(config: TensorQuantizationConfig, value: np.ndarray) -> np.ndarray | None:
@@ -78,16 +78,6 @@ def quantized_weight(config: TensorQuantizationConfig, value: np.ndarray) -> np.
     if config.state is S.ACTIVATED:
         return config.fake_quantize(value)
     return None
-
-
-def output_channels(operation: Operation) -> int:
-    """Number of output channels of a Conv / ConvTranspose / Gemm (from its weight)."""
-    weight = operation.inputs[1].value
-    if operation.type == "Conv":
-        return weight.shape[0]
-    if operation.type == "ConvTranspose":
-        return weight.shape[1] * int(operation.attributes.get("group", 1))
-    return weight.shape[0] if operation.attributes.get("transB", 0) else weight.shape[1]
 
 
 def _conv_error_mean(operation: Operation, x: np.ndarray, delta: np.ndarray) -> np.ndarray | None:
@@ -178,9 +168,9 @@ def _bias_config(graph: Graph, operation: Operation, name: str) -> TensorQuantiz
 
 
 def _graph_quantizes_bias(graph: Graph) -> bool:
-    for operation in quantized_operations(graph):
+    for operation in configured_operations(graph):
         config = input_config(operation, 2)
-        if operation.type in _TYPES and config is not None and config.state is not S.FP32:
+        if operation.type in BIAS_TYPES and config is not None and config.state is not S.FP32:
             return True
     return False
 
@@ -202,8 +192,8 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
 
     def _targets(self, graph: Graph) -> tuple[dict, list]:
         deltas, skipped = {}, []
-        for operation in quantized_operations(graph):
-            if operation.type not in _TYPES or len(operation.inputs) < 2:
+        for operation in configured_operations(graph):
+            if operation.type not in BIAS_TYPES or len(operation.inputs) < 2:
                 continue
             weight = operation.inputs[1]
             if weight is None or not weight.is_parameter:

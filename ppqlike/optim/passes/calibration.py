@@ -21,10 +21,10 @@ import numpy as np
 from ...core.errors import CalibrationDataError
 from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.quant_graph import configured_operations, input_config, output_config
 from ...executor import NumpyExecutor, OperationHook
 from ..base import QuantizationOptimizationPass, iterate_calibration
 from ..observers import make_observer
-from ._common import input_config, output_config, quantized_operations
 from .threshold_search import search_thresholds
 
 S = QuantizationStates
@@ -70,7 +70,7 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
         inputs_watch: dict[str, list] = {}
         outputs_watch: dict[str, list] = {}
         observers: list[tuple[TensorQuantizationConfig, object, Operation, str, int]] = []
-        for operation in quantized_operations(graph):
+        for operation in configured_operations(graph):
             for index, variable in enumerate(operation.inputs):
                 config = input_config(operation, index)
                 if variable is not None and not variable.is_parameter and config is not None \
@@ -101,9 +101,3 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
             config.state = S.ACTIVATED
         return {"observed": len(observers), "searched": searched,
                 "observer_bytes": int(sum(o.state_nbytes for _, o, *_ in observers))}
-
-    # ------------------------------------------------------------ search --
-    @staticmethod
-    def _search(graph, executor, batches, config, observer, operation, side, index) -> None:
-        """Keep the candidate threshold with the smallest error on the reading ops' outputs (one tensor)."""
-        search_thresholds(graph, executor, batches, [(config, observer, operation, side, index)])

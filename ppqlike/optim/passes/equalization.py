@@ -69,13 +69,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...core.ir import Graph, Operation, Variable
+from ...core.op_facts import POSITIVELY_HOMOGENEOUS_TYPES, weight_channel_axis
 from ...core.quant import QuantizationStates
 from ..base import QuantizationOptimizationPass
 
 S = QuantizationStates
 
-_HOMOGENEOUS = frozenset({"Relu", "LeakyRelu", "PRelu", "MaxPool", "AveragePool", "GlobalAveragePool",
-                          "GlobalMaxPool", "Identity", "Dropout"})
 _CLIP_MODES = ("exact", "skip")
 
 
@@ -101,13 +100,9 @@ def _param(operation: Operation, index: int) -> Variable | None:
 
 def _output_axis(operation: Operation) -> int | None:
     """Axis of the weight holding output channels (None: unsupported layout)."""
-    if operation.type == "Conv":
-        return 0
-    if operation.type == "Gemm":
-        if operation.attributes.get("transA", 0):
-            return None
-        return 0 if operation.attributes.get("transB", 0) else 1
-    return None
+    if operation.type not in ("Conv", "Gemm") or operation.attributes.get("transA", 0):
+        return None
+    return weight_channel_axis(operation)
 
 
 def _first_ranges(operation: Operation) -> np.ndarray:
@@ -269,7 +264,7 @@ def find_pairs(graph: Graph) -> tuple[list[_Pair], list[dict]]:
                 if not _pad_is_homogeneous(consumer):
                     reason = f"{consumer.name}: a Pad that fills with a non-zero value or pads channels"
                     break
-            elif consumer.type not in _HOMOGENEOUS:
+            elif consumer.type not in POSITIVELY_HOMOGENEOUS_TYPES:
                 reason = f"{consumer.name} ({consumer.type}) does not commute with per-channel scaling"
                 break
             between.append(consumer)

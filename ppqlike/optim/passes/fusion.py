@@ -9,10 +9,10 @@ become OVERLAPPED by the activation's output config.
 from __future__ import annotations
 
 from ...core.ir import Graph
+from ...core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
 from ...core.quant import QuantizationStates
-from ...platforms.slots import COMPUTING_TYPES
+from ...core.quant_graph import input_config, output_config
 from ..base import QuantizationOptimizationPass
-from ._common import input_config, output_config
 
 
 class FusionPass(QuantizationOptimizationPass):
@@ -20,7 +20,7 @@ class FusionPass(QuantizationOptimizationPass):
 
     name = "fusion"
 
-    def __init__(self, activation_types=("Relu", "Clip"), computing_types=COMPUTING_TYPES):
+    def __init__(self, activation_types=FUSABLE_ACTIVATIONS, computing_types=COMPUTING_TYPES):
         self.activation_types = frozenset(activation_types)
         self.computing_types = frozenset(computing_types)
 

@@ -54,11 +54,11 @@ import numpy as np
 
 from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.quant_graph import configured_operations, master_chain
 from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
 from ...platforms.target import TargetPlatform
 from ..base import QuantizationOptimizationPass, iterate_calibration
-from ._common import quantized_operations
 
 S = QuantizationStates
 _OWNED = (S.ACTIVATED, S.SLAVE, S.BAKED)
@@ -88,22 +88,12 @@ def _configs(operation: Operation) -> list[TensorQuantizationConfig]:
 
 
 def _owner_map(graph: Graph) -> dict[int, Operation]:
-    return {id(c): op for op in quantized_operations(graph) for c in _configs(op)}
-
-
-def _chain(config: TensorQuantizationConfig):
-    """The configs ``config`` reads its scale from through OVERLAPPED/SLAVE links (not itself)."""
-    seen = set()
-    current = config
-    while current.state in (S.OVERLAPPED, S.SLAVE) and current.master is not None and id(current) not in seen:
-        seen.add(id(current))
-        current = current.master
-        yield current
+    return {id(c): op for op in configured_operations(graph) for c in _configs(op)}
 
 
 def find_units(graph: Graph) -> list[list[Operation]]:
     """Ops of each fused unit (topological order), for the units that own an applied quantization point."""
-    order = [op for op in quantized_operations(graph)]
+    order = [op for op in configured_operations(graph)]
     position = {op.name: i for i, op in enumerate(order)}
     owner = _owner_map(graph)
     parent = {op.name: op.name for op in order}
@@ -119,7 +109,7 @@ def find_units(graph: Graph) -> list[list[Operation]]:
             if config is None or config.state is not S.OVERLAPPED:
                 continue
             readers = {c.name for c in operation.outputs[index].consumers}
-            for master in _chain(config):
+            for master in master_chain(config):
                 reader = owner.get(id(master))
                 if reader is not None and reader.name in readers:
                     parent[find(operation.name)] = find(reader.name)
@@ -145,7 +135,7 @@ def find_units(graph: Graph) -> list[list[Operation]]:
 # --------------------------------------------------------------- snapshots
 def _snapshot(graph: Graph) -> dict:
     configs = {}
-    for operation in quantized_operations(graph):
+    for operation in configured_operations(graph):
         for config in _configs(operation):
             configs[id(config)] = (config, dict(config.__dict__))
     return {"configs": configs, "platforms": {op.name: op.platform for op in graph.operations.values()}}
@@ -164,11 +154,11 @@ def move_to_fp32(graph: Graph, unit: list[Operation]) -> dict:
     """Make ``unit`` run in FP32 and keep everything else quantized as before (see the module docstring)."""
     own = {id(c) for op in unit for c in _configs(op)}
     detached = 0
-    for operation in quantized_operations(graph):
+    for operation in configured_operations(graph):
         if operation in unit:
             continue
         for config in _configs(operation):
-            if config.state in (S.OVERLAPPED, S.SLAVE) and any(id(m) in own for m in _chain(config)):
+            if config.state in (S.OVERLAPPED, S.SLAVE) and any(id(m) in own for m in master_chain(config)):
                 config.detach(S.ACTIVATED)
                 detached += 1
     for operation in unit:

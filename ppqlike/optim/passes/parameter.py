@@ -17,8 +17,8 @@ import numpy as np
 from ...core import numerics
 from ...core.ir import Graph
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.quant_graph import configured_operations, input_config
 from ..base import QuantizationOptimizationPass
-from ._common import input_config, quantized_operations
 
 
 def minmax_parameter(config: TensorQuantizationConfig, value: np.ndarray) -> None:
@@ -46,7 +46,7 @@ class ParameterQuantizePass(QuantizationOptimizationPass):
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
         count = 0
-        for operation in quantized_operations(graph):
+        for operation in configured_operations(graph):
             for index, variable in enumerate(operation.inputs):
                 config = input_config(operation, index)
                 if variable is None or not variable.is_parameter or config is None \

@@ -9,10 +9,10 @@ value → PASSIVE governed by the op's input config.
 from __future__ import annotations
 
 from ...core.ir import Graph
+from ...core.op_facts import COMPUTING_TYPES
 from ...core.quant import QuantizationStates
-from ...platforms.slots import COMPUTING_TYPES
+from ...core.quant_graph import configured_operations, input_config
 from ..base import QuantizationOptimizationPass
-from ._common import input_config, quantized_operations
 
 S = QuantizationStates
 
@@ -24,7 +24,7 @@ class PassiveParameterQuantizePass(QuantizationOptimizationPass):
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
         linked = deactivated = 0
-        for operation in quantized_operations(graph):
+        for operation in configured_operations(graph):
             for index in range(len(operation.inputs)):
                 config = input_config(operation, index)
                 if config is None or config.state is not S.PASSIVE_INIT:

@@ -3,7 +3,7 @@
 Reads: resolved scales of the input, weight and output configs of every
 quantized Conv/ConvTranspose/Gemm/MatMul (after calibration, alignment and
 passive).
-Writes: ``detail['requantization']`` on the op's output config: per output
+Writes: ``requantization`` (an IntegerRequantization) on the op's output config: per output
 channel, the integer multiplier M0 and right shift with
 M0 / 2^rshift ~= S_input * S_weight / S_output, the accumulator scale, and
 the axis of the output channels.  No state changes.  The executor then
@@ -18,13 +18,10 @@ import numpy as np
 
 from ...core import numerics
 from ...core.ir import Graph
-from ...platforms.slots import COMPUTING_TYPES
+from ...core.requantization import IntegerRequantization
+from ...core.op_facts import COMPUTING_TYPES, output_channel_axis
+from ...core.quant_graph import configured_operations, input_config, output_config
 from ..base import QuantizationOptimizationPass
-from ._common import input_config, output_config, quantized_operations
-
-
-def _output_channel_axis(op_type: str, rank_hint: int | None) -> int:
-    return 1 if op_type in ("Conv", "ConvTranspose") else -1
 
 
 class IntegerRequantizationPass(QuantizationOptimizationPass):
@@ -37,7 +34,7 @@ class IntegerRequantizationPass(QuantizationOptimizationPass):
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
         count = 0
-        for operation in quantized_operations(graph):
+        for operation in configured_operations(graph):
             if operation.type not in COMPUTING_TYPES:
                 continue
             data, weight, output = input_config(operation, 0), input_config(operation, 1), output_config(operation)
@@ -50,10 +47,7 @@ class IntegerRequantizationPass(QuantizationOptimizationPass):
             accumulator_scale = np.asarray(data.scale, np.float64) * np.asarray(weight.scale, np.float64)
             multiplier = accumulator_scale / np.float64(output.scale)
             m0, shift = numerics.scale_to_multiplier_shift(np.atleast_1d(multiplier), self.multiplier_bits)
-            output.detail["requantization"] = {
-                "multiplier": np.asarray(m0).tolist(), "right_shift": np.asarray(shift).tolist(),
-                "accumulator_scale": np.atleast_1d(accumulator_scale).astype(np.float64).tolist(),
-                "channel_axis": _output_channel_axis(operation.type, None),
-                "multiplier_bits": self.multiplier_bits}
+            output.requantization = IntegerRequantization.from_arrays(
+                m0, shift, accumulator_scale, output_channel_axis(operation), self.multiplier_bits)
             count += 1
         return {"requantized_ops": count}

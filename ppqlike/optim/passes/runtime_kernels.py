@@ -2,7 +2,7 @@
 
 Reads: the platform policy's ``runtime_kernels`` (given to the pass) and
 the quantized ops of the graph.
-Writes: ``detail['runtime_kernel'] = 'onnxruntime'`` on the output config of
+Writes: ``runtime_kernel = 'onnxruntime'`` on the output config of
 every quantized Conv, MatMul, Gemm, Add and GlobalAveragePool; no state
 changes.  The executor then simulates those ops as onnxruntime's QLinearConv,
 QLinearMatMul, QGemm, QLinearAdd and QLinearGlobalAveragePool compute them
@@ -16,9 +16,9 @@ their float kernel.
 from __future__ import annotations
 
 from ...core.ir import Graph
+from ...core.quant_graph import configured_operations, output_config
 from ...executor.onnxruntime_kernels import RUNTIME_KERNEL, SUPPORTED_TYPES
 from ..base import QuantizationOptimizationPass
-from ._common import output_config, quantized_operations
 
 
 class RuntimeKernelPass(QuantizationOptimizationPass):
@@ -33,9 +33,9 @@ class RuntimeKernelPass(QuantizationOptimizationPass):
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
         marked = 0
-        for operation in quantized_operations(graph):
+        for operation in configured_operations(graph):
             config = output_config(operation)
             if operation.type in SUPPORTED_TYPES and config is not None:
-                config.detail["runtime_kernel"] = self.runtime
+                config.runtime_kernel = self.runtime
                 marked += 1
         return {"runtime_kernel": self.runtime, "marked_ops": marked}

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from ...core.ir import Graph
 from ...core.quant import QuantizationStates
-from ...platforms.slots import VALUE_PRESERVING_TYPES
+from ...core.op_facts import VALUE_PRESERVING_TYPES
+from ...core.quant_graph import configured_operations, input_config, output_config, producer_config, same_grid
 from ..base import QuantizationOptimizationPass
-from ._common import input_config, output_config, producer_config, quantized_operations, same_grid
 
 S = QuantizationStates
 
@@ -30,7 +30,7 @@ class QuantizationSimplifyPass(QuantizationOptimizationPass):
     def optimize(self, graph: Graph, **kwargs) -> dict:
         overlapped = 0
         first_reader: dict[str, object] = {}
-        for operation in quantized_operations(graph):
+        for operation in configured_operations(graph):
             for index, variable in enumerate(operation.inputs):
                 config = input_config(operation, index)
                 if variable is None or variable.is_parameter or config is None or config.state is not S.INITIAL:

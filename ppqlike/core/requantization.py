@@ -1,0 +1,47 @@
+"""What the integer-requantization pass hands to the simulation and the exporters (TPU style, DESIGN.md §2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class IntegerRequantization:
+    """A computing op's output requantized from its int32 accumulator: q_y = (acc * M0) >> rshift + Z_y.
+
+    One (multiplier, right_shift) pair per output channel (one pair per tensor: tuples of length 1);
+    ``accumulator_scale`` = S_input * S_weight per channel; ``channel_axis`` is the output's channel axis.
+    """
+
+    multiplier: tuple[int, ...]
+    right_shift: tuple[int, ...]
+    accumulator_scale: tuple[float, ...]
+    channel_axis: int
+    multiplier_bits: int = 32
+
+    @classmethod
+    def from_arrays(cls, multiplier, right_shift, accumulator_scale, channel_axis: int,
+                    multiplier_bits: int = 32) -> "IntegerRequantization":
+        def ints(values):
+            return tuple(int(v) for v in np.atleast_1d(values))
+        return cls(ints(multiplier), ints(right_shift),
+                   tuple(float(v) for v in np.atleast_1d(np.asarray(accumulator_scale, np.float64))),
+                   int(channel_axis), int(multiplier_bits))
+
+    @property
+    def per_channel(self) -> bool:
+        return len(self.accumulator_scale) > 1
+
+    def to_dict(self) -> dict:
+        return {"multiplier": list(self.multiplier), "right_shift": list(self.right_shift),
+                "accumulator_scale": list(self.accumulator_scale), "channel_axis": self.channel_axis,
+                "multiplier_bits": self.multiplier_bits}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "IntegerRequantization | None":
+        if data is None:
+            return None
+        return cls.from_arrays(data["multiplier"], data["right_shift"], data["accumulator_scale"],
+                               data["channel_axis"], data.get("multiplier_bits", 32))
