@@ -18,6 +18,7 @@ _PUBLIC_NAMES = {
     "NumpyExecutor": "ppqlike.executor", "OperationHook": "ppqlike.executor",
     "load_onnx_graph": "ppqlike.io", "export_onnx_model": "ppqlike.io", "save_onnx_graph": "ppqlike.io",
     "quantize_onnx_model": "ppqlike.api", "export_ppq_graph": "ppqlike.api",
+    "import_quantized_onnx": "ppqlike.api",
     "QuantizationSetting": "ppqlike.optim.setting", "QuantizationSettingFactory": "ppqlike.optim.setting",
     "TargetPlatform": "ppqlike.platforms.target", "dispatch_graph": "ppqlike.platforms.dispatch",
     "register_pass": "ppqlike.optim.base", "QuantizationOptimizationPass": "ppqlike.optim.base",

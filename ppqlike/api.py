@@ -13,11 +13,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .core.errors import CalibrationDataError
+from .core.errors import CalibrationDataError, PlatformError
 from .core.ir import Graph
 from .executor import NumpyExecutor
 from .export.platform import export_for_platform
 from .io import load_onnx_graph
+from .io.import_quantized import import_quantized, is_quantized_model
+from .io.onnx_import import read_model
 from .optim.recipe import build_pipeline, format_for_quantization, resolve_policy
 from .optim.setting import QuantizationSetting, QuantizationSettingFactory
 from .platforms.dispatch import dispatch_graph
@@ -83,6 +85,17 @@ class _CheckedBatches:
         return arrays
 
 
+def _load(source) -> Graph:
+    """The graph of ``source``: imported with its scales when the file is already quantized."""
+    model = read_model(source)
+    if is_quantized_model(model):
+        graph = import_quantized(model)
+        graph.metadata["quantization"]["source"] = os.fspath(source) if isinstance(source, (str, os.PathLike)) \
+            else None
+        return graph
+    return load_onnx_graph(model)
+
+
 def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_steps: int | None = None,
                         input_shape: Sequence[int] | None = None,
                         platform: TargetPlatform | str = TargetPlatform.TRT_INT8,
@@ -110,7 +123,14 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
             "calib_dataloader must be an iterable of batches (e.g. a list of arrays, each [N, ...] for "
             f"single-input models, or of dicts name -> array), not {type(calib_dataloader).__name__}; "
             "wrap a single batch in a list")
-    graph = onnx_import_file if isinstance(onnx_import_file, Graph) else load_onnx_graph(onnx_import_file)
+    graph = onnx_import_file if isinstance(onnx_import_file, Graph) else _load(onnx_import_file)
+    if (graph.metadata.get("quantization") or {}).get("imported"):
+        if setting.keep_imported_scales:
+            raise PlatformError(f"model {graph.name!r} is already quantized (its scales were imported); export it "
+                                "as it is with export_ppq_graph, or set setting.keep_imported_scales=False to "
+                                f"recalibrate it for {platform.name} from the calibration data")
+        for operation in graph.operations.values():  # recalibrate: the file's configs are dropped
+            operation.config, operation.platform = None, None
     formatting = format_for_quantization(graph, setting)
     summary = dispatch_graph(graph, platform, policy.quantizable_types, dispatcher=setting.dispatcher,
                              dispatching_table=setting.dispatching_table or None)
@@ -146,3 +166,17 @@ def export_ppq_graph(graph: Graph, platform: TargetPlatform | str, graph_save_to
     simulation on exact ties.
     """
     return export_for_platform(graph, platform, graph_save_to, config_save_to, stacklevel=3, **options)
+
+
+def import_quantized_onnx(path_or_model, platform: TargetPlatform | str | None = None) -> Graph:
+    """Read a quantized ONNX model (QDQ or QOperator: QAT, onnxruntime's quantizer, the model zoo) as the
+    FP32 graph plus configs carrying the file's scales and zero points.
+
+    Its simulation computes what onnxruntime computes when it runs the file (the ops onnxruntime fuses
+    into integer kernels are simulated as those kernels); analyse it with ``graphwise_error_analyse``,
+    export it with ``export_ppq_graph``, or recalibrate it with ``quantize_onnx_model`` and
+    ``setting.keep_imported_scales=False``.  ``platform`` (default ORT_INT8, what the file runs as in
+    onnxruntime) is recorded on the quantized ops.
+    """
+    platform = TargetPlatform.ORT_INT8 if platform is None else TargetPlatform.parse(platform)
+    return import_quantized(path_or_model, platform)

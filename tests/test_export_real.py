@@ -33,6 +33,7 @@ from ppqlike.executor.simulation import dequantized
 from ppqlike.export import ExportRoundingWarning, load_quantized_graph
 from ppqlike.export.common import is_param_slot, iter_configs, output_steps, quantizes
 from ppqlike.export.verify import compare_outputs, run_qdq_model, verify_export
+from onnx_helpers import fused_kernels_are_exact
 from shared_bench import PRESETS, load_images, requires_bench
 
 pytestmark = [pytest.mark.real_model, requires_bench]
@@ -77,7 +78,10 @@ def test_real_export_matches_simulation(model, platform, tmp_path):
     stats = result["end_to_end"]["disable"][name]  # the QDQ semantics as the ONNX spec defines them
     assert stats["top1_agreement"] >= 0.9 and stats["cosine"] >= 0.98, stats
     stats = result["end_to_end"]["all"][name]  # fused integer kernels: another arithmetic, looser
-    assert stats["top1_agreement"] >= 0.8 and stats["cosine"] >= 0.98, stats
+    # (on x86 without VNNI onnxruntime's u8 x s8 kernels saturate 8-bit weights: TensorRT's int8 export is
+    # not what they compute exactly there; ORT_INT8 exports uint8 weights, exact on every CPU)
+    assert platform == "ORT_INT8" or not fused_kernels_are_exact(exported) or (
+        stats["top1_agreement"] >= 0.8 and stats["cosine"] >= 0.98), stats
     if platform == "ORT_INT8":  # the simulation computes those very kernels
         assert stats["top1_agreement"] == 1.0 and stats["within_one_step"] == 1.0, stats
         if model != "squeezenet1.1":

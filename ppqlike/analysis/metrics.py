@@ -102,7 +102,8 @@ class ErrorStats:
             return 1.0
         if self.aa == 0.0 or self.bb == 0.0:
             return 0.0
-        return self.ab / math.sqrt(self.aa * self.bb)
+        # float32 chunk sums are good to about 1e-7: keep the Cauchy-Schwarz bound |cos| <= 1 exactly
+        return max(-1.0, min(1.0, self.ab / math.sqrt(self.aa * self.bb)))
 
     def mse(self) -> float:
         return self.dd / self.count if self.count else 0.0

@@ -109,6 +109,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .inspect import add_inspect_parser
     from .quantize import add_quantize_parser
     parser = _Parser(prog="ppqlike", description="Post-training quantization of ONNX models, in the style of PPQ. "
                      "Errors print one line 'ppqlike: error: ...' and exit with status 2.")
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "simulation exactly)")
     demo.add_argument("--quiet", action="store_true", help="no per-pass progress lines")
     demo.set_defaults(run=run_demo)
+    add_inspect_parser(commands)
     return parser
 
 

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: ``TensorQuantizationConfig.runtime_kernel`` of ops simulated as onnxruntime's CPU integer kernels
+RUNTIME_KERNEL_ONNXRUNTIME = "onnxruntime"
+
 
 @dataclass(frozen=True)
 class IntegerRequantization:

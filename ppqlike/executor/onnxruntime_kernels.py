@@ -42,8 +42,9 @@ from ..core.ir import Operation
 from ..core.numerics import along_channel_axis
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..core.quant_graph import awaits_master, overlapped_root
+from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
 
-RUNTIME_KERNEL = "onnxruntime"
+RUNTIME_KERNEL = RUNTIME_KERNEL_ONNXRUNTIME
 LINEAR_TYPES = frozenset({"Conv", "MatMul", "Gemm"})
 SUPPORTED_TYPES = LINEAR_TYPES | {"Add", "GlobalAveragePool"}
 _F32 = np.float32

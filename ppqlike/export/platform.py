@@ -26,7 +26,7 @@ from .tpu_mlir import export_tpu_mlir_tables
 __all__ = ["export_for_platform", "EXPORT_OPTIONS", "sidecar_paths"]
 
 #: Options of :func:`export_for_platform` (None: the graph's setting, else False / automatic).
-EXPORT_OPTIONS = ("qdq_per_consumer", "uint8_activations", "opset")
+EXPORT_OPTIONS = ("qdq_per_consumer", "uint8_activations", "uint8_weights", "opset")
 _RANGE_PLATFORMS = (TargetPlatform.TRT_INT8, TargetPlatform.PPL_CUDA_INT8)
 
 
@@ -42,7 +42,9 @@ def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=No
     """Write what ``platform``'s exporter calls for; returns the absolute paths written, model first.
 
     Options: ``qdq_per_consumer`` and ``uint8_activations`` (default: the graph's setting
-    ``export_qdq_per_consumer`` / ``export_uint8_activations``, else False), ``opset``.
+    ``export_qdq_per_consumer`` / ``export_uint8_activations``, else False), ``uint8_weights`` (default:
+    the setting's ``export_uint8_weights``, else True where the simulation is onnxruntime's integer
+    kernels: its u8 x u8 kernels are exact on every CPU), ``opset``.
     ``stacklevel``: where the rounding warning points (2: the caller).
     """
     unknown = sorted(set(options) - set(EXPORT_OPTIONS))
@@ -61,6 +63,11 @@ def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=No
     uint8 = options.get("uint8_activations")
     if uint8 is None:
         uint8 = bool(setting.get("export_uint8_activations") or False)
+    uint8_weights = options.get("uint8_weights")
+    if uint8_weights is None:
+        uint8_weights = setting.get("export_uint8_weights")
+    if uint8_weights is None:
+        uint8_weights = policy.runtime_kernels == "onnxruntime"
     if policy.exporter not in ("qdq_onnx", "tpu_mlir"):
         raise ExportError(f"{platform.name}'s exporter {policy.exporter!r} is unknown; ppqlike writes "
                           "'qdq_onnx' and 'tpu_mlir'")
@@ -80,7 +87,7 @@ def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=No
     if len(set(planned)) != len(planned):
         raise ExportError(f"two exported files would share a path: {planned}")
     report = export_qdq_onnx(graph, graph_save_to, qdq_per_consumer=per_consumer, uint8_activations=uint8,
-                             opset=options.get("opset"), warn=False)
+                             uint8_weights=bool(uint8_weights), opset=options.get("opset"), warn=False)
     if platform in _RANGE_PLATFORMS:
         paths.append(export_tensorrt_dynamic_ranges(graph, sidecars["dynamic_range"], protect=(source,)))
     if policy.exporter == "tpu_mlir":

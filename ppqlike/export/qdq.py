@@ -74,11 +74,13 @@ class _Builder:
     per_consumer: bool
     uint8: bool
     names: set
+    uint8_weights: bool = False
     nodes: list = field(default_factory=list)
     initializers: list = field(default_factory=list)
     initializer_keys: dict = field(default_factory=dict)
     counts: dict = field(default_factory=lambda: {"activation_pairs": 0, "quantized_parameters": 0,
-                                                  "float_parameters": 0, "clips": 0, "uint8_converted": 0})
+                                                  "float_parameters": 0, "clips": 0, "uint8_converted": 0,
+                                                  "uint8_weights": 0})
     opset_needed: int = QDQ_OPSET
     int8_pairs: int = 0
     notes: list = field(default_factory=list)
@@ -162,8 +164,14 @@ class _Builder:
             self.notes.append(f"{who}: its simulated value is not on its config's grid; written as float")
             return self.float_parameter(variable, simulated.astype(value.dtype, copy=False))
         kind = storage_type(config.quant_min, config.quant_max, allow_int32=True, who=who)
-        self.opset_needed = max(self.opset_needed, kind.opset)
         scale, offset, channel_axis = _resolved(config)
+        if self.uint8_weights and kind.numpy == np.int8:
+            # the same values on the uint8 grid shifted by 128: onnxruntime then runs its u8 x u8 kernels,
+            # exact on every CPU (its u8 x s8 kernels saturate pair sums on x86 without VNNI)
+            integers, offset = integers.astype(np.int64) + 128, np.asarray(offset, np.int64) + 128
+            kind = storage_type(0, 255)
+            self.counts["uint8_weights"] += 1
+        self.opset_needed = max(self.opset_needed, kind.opset)
         axis = {} if channel_axis is None else {"axis": int(channel_axis)}
         base = variable.name
         q_name = self.constant(f"{base}_quantized", integers.astype(kind.numpy))
@@ -242,7 +250,8 @@ def _base_model(graph: Graph, opset: int) -> onnx.ModelProto:
 
 
 def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activations: bool = False,
-                    opset: int | None = None, check: bool = True) -> tuple[onnx.ModelProto, dict]:
+                    opset: int | None = None, check: bool = True,
+                    uint8_weights: bool = False) -> tuple[onnx.ModelProto, dict]:
     """The QDQ ModelProto of a quantized graph, and a report.
 
     ``opset``: the default-domain opset to write (at least 13; 21 when 16-bit types need it).
@@ -253,7 +262,7 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
     absent for tensors no consumer reads in per-consumer mode).
     """
     notes = _check_states(graph)
-    builder = _Builder(graph, qdq_per_consumer, uint8_activations, set())
+    builder = _Builder(graph, qdq_per_consumer, uint8_activations, set(), uint8_weights=uint8_weights)
     target = max(QDQ_OPSET, graph.opset, opset or 0)
     # Decide the opset first (16-bit types need 21) with a dry run over the configs.
     for operation in graph.operations.values():
@@ -349,6 +358,7 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
             raise ExportError(f"the QDQ export of {graph.name!r} is not a valid ONNX model: {error}") from None
     report = {"opset": target, "ir_version": model.ir_version, **builder.counts,
               "qdq_per_consumer": bool(qdq_per_consumer), "uint8_activations": bool(uint8_activations),
+              "uint8_weights": bool(uint8_weights),
               "rounding_mismatch": mismatch, "notes": notes, "tensors": located}
     return model, report
 
@@ -361,7 +371,7 @@ def _copy_node(node: onnx.NodeProto) -> onnx.NodeProto:
 
 def export_qdq_onnx(graph: Graph, path: str | os.PathLike, qdq_per_consumer: bool = False,
                     uint8_activations: bool = False, opset: int | None = None,
-                    protect: tuple = (), warn: bool = True) -> dict:
+                    protect: tuple = (), warn: bool = True, uint8_weights: bool = False) -> dict:
     """Build the QDQ model of ``graph`` and write it to ``path`` atomically.
 
     Refuses to overwrite the graph's source model (recorded by quantize_onnx_model) or any
@@ -370,7 +380,8 @@ def export_qdq_onnx(graph: Graph, path: str | os.PathLike, qdq_per_consumer: boo
     :func:`build_qdq_model` plus ``path``.
     """
     model, report = build_qdq_model(graph, qdq_per_consumer=qdq_per_consumer,
-                                    uint8_activations=uint8_activations, opset=opset)
+                                    uint8_activations=uint8_activations, opset=opset,
+                                    uint8_weights=uint8_weights)
     try:
         data = model.SerializeToString()
     except ValueError as error:

@@ -45,8 +45,12 @@ class QuantizationSetting:
     reach by moving the fewest ops to FP32, measured on
     ``mixed_precision_batches`` calibration batches, at most
     ``mixed_precision_max_ops`` ops, None: no limit).
-    Export: ``export_uint8_activations`` and ``export_qdq_per_consumer``
-    (None: what the platform's exporter prefers).
+    ``keep_imported_scales``: an already quantized model (QDQ/QOperator) keeps the file's scales
+    (quantize_onnx_model refuses it; False: recalibrate it from the calibration data).
+    Export: ``export_uint8_activations``, ``export_qdq_per_consumer`` and ``export_uint8_weights``
+    (int8 weights written as uint8 with zero point + 128, the same values: onnxruntime then runs its
+    u8 x u8 kernels, exact on every CPU, where its u8 x s8 kernels saturate on x86 without VNNI;
+    None: what the platform's exporter prefers, True for ORT_INT8).
     """
 
     fold_constants: bool = True
@@ -75,8 +79,10 @@ class QuantizationSetting:
     mixed_precision_target_cosine: float | None = None
     mixed_precision_batches: int = 2
     mixed_precision_max_ops: int | None = None
+    keep_imported_scales: bool = True
     export_uint8_activations: bool | None = None
     export_qdq_per_consumer: bool | None = None
+    export_uint8_weights: bool | None = None
 
     def __post_init__(self):
         self.validate()

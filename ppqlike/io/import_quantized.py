@@ -1,0 +1,337 @@
+"""Import a quantized ONNX model (QDQ or QOperator, from QAT or another tool) as FP32 graph + configs.
+
+The file's QuantizeLinear/DequantizeLinear pairs are removed and become
+tensor quantization configs carrying the file's scales and zero points:
+
+* a DequantizeLinear of a constant (weight, int32 bias) becomes the float
+  parameter it computes, read through a BAKED (bias: PASSIVE_BAKED) config
+  holding the integers' scale, zero point and axis;
+* a QuantizeLinear -> DequantizeLinear pair on a computed tensor becomes an
+  ACTIVATED config on the output of the op producing it (on the readers'
+  inputs when a graph input is quantized); readers of a quantized tensor get
+  input configs OVERLAPPED by it;
+* every other slot of an op that touches a quantized tensor is FP32 (SOI for
+  shape slots); ops touching none carry no config.
+
+Rounding is half to even (QuantizeLinear's).  The ops onnxruntime fuses into
+integer kernels (read from its own optimized graph) are marked
+``runtime_kernel = 'onnxruntime'``, so the simulation computes what
+onnxruntime computes.  What cannot be mapped raises ModelLoadError naming the node.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime
+from onnx import helper, numpy_helper
+
+from ..core.errors import ModelLoadError
+from ..core.host import SATURATION_FREE_WEIGHT, onnxruntime_saturates_u8s8
+from ..core.ir import Graph, Operation
+from ..core.op_facts import BIAS_TYPES
+from ..core.quant import (OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
+                          QuantizationStates, RoundingPolicy, TensorQuantizationConfig)
+from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
+from .onnx_import import _describe, load_onnx_graph, read_model
+from .qoperator import is_qoperator, qoperator_to_qdq
+
+S = QuantizationStates
+P = QuantizationProperty
+#: op types whose onnxruntime integer kernels ppqlike simulates bit for bit
+_RUNTIME_KERNEL_TYPES = frozenset({"Conv", "MatMul", "Gemm", "Add", "GlobalAveragePool"})
+#: the policy of FP32/SOI slots (never applied; a policy is required of every config)
+_FLOAT_POLICY = QuantizationPolicy(P.PER_TENSOR | P.LINEAR | P.SYMMETRICAL)
+_RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127), np.dtype(np.uint16): (0, 65535),
+           np.dtype(np.int16): (-32768, 32767), np.dtype(np.int32): (-(2 ** 31), 2 ** 31 - 1)}
+
+
+@dataclass(frozen=True)
+class FileQuantization:
+    """One tensor's quantization as the file states it."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int | None            # None: per tensor
+    dtype: np.dtype
+
+    def same_as(self, other: "FileQuantization") -> bool:
+        return (self.axis == other.axis and self.dtype == other.dtype and np.array_equal(self.scale, other.scale)
+                and np.array_equal(self.zero_point, other.zero_point))
+
+    def config(self, name: str, state: QuantizationStates) -> TensorQuantizationConfig:
+        low, high = _RANGES[self.dtype]
+        symmetric = bool(np.all(self.zero_point == 0)) and low < 0
+        flags = (P.PER_CHANNEL if self.axis is not None else P.PER_TENSOR) | P.LINEAR | \
+            (P.SYMMETRICAL if symmetric else P.ASYMMETRICAL)
+        bits = 32 if self.dtype == np.int32 else 8 * self.dtype.itemsize
+        scale = self.scale if self.axis is not None else self.scale.reshape(())
+        offset = self.zero_point if self.axis is not None else self.zero_point.reshape(())
+        return TensorQuantizationConfig(QuantizationPolicy(flags), RoundingPolicy.ROUND_HALF_EVEN, bits, low, high,
+                                        scale=scale, offset=offset, observer_algorithm="imported",
+                                        channel_axis=self.axis, state=state, name=name)
+
+
+@dataclass
+class _Split:
+    """The float model and what was removed from it."""
+
+    model: onnx.ModelProto
+    activations: dict[str, FileQuantization]
+    parameters: dict[str, FileQuantization]
+    original_names: dict[str, str]      # a graph output's name -> the file's name of the float tensor it holds
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    found = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            found[node.output[0]] = numpy_helper.to_array(helper.get_attribute_value(node.attribute[0]))
+    return found
+
+
+def _file_quantization(node: onnx.NodeProto, constants: dict, data_dtype, where: str) -> FileQuantization:
+    label = f"{node.op_type} node {node.name!r}"
+    if node.input[1] not in constants or (len(node.input) > 2 and node.input[2] and node.input[2] not in constants):
+        raise ModelLoadError(f"{where}: {label} has a computed scale or zero point; ppqlike imports constant ones")
+    scale = np.asarray(constants[node.input[1]], np.float32)
+    zero = np.asarray(constants[node.input[2]]) if len(node.input) > 2 and node.input[2] else \
+        np.zeros(scale.shape, data_dtype or np.uint8)
+    dtype = np.dtype(zero.dtype)
+    if dtype not in _RANGES:
+        raise ModelLoadError(f"{where}: {label} quantizes to {dtype}; ppqlike imports 8-, 16- and 32-bit integers")
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attributes.get("block_size"):
+        raise ModelLoadError(f"{where}: {label} uses block quantization; ppqlike imports per-tensor and per-axis")
+    axis = int(attributes.get("axis", 1)) if scale.size > 1 else None
+    return FileQuantization(scale.reshape(-1) if axis is not None else scale.reshape(1),
+                            zero.astype(np.int64).reshape(-1) if axis is not None else zero.astype(np.int64).reshape(1),
+                            axis, dtype)
+
+
+def _quantize_constant(value: np.ndarray, facts: FileQuantization) -> np.ndarray:
+    """QuantizeLinear of a constant: clamp(round_half_even(x / scale) + zero point) in the file's integer type."""
+    shape = [1] * np.ndim(value)
+    if facts.axis is not None:
+        shape[facts.axis % len(shape)] = -1
+    scaled = np.asarray(value, np.float32) / facts.scale.reshape(shape or [1]).astype(np.float32)
+    low, high = _RANGES[facts.dtype]
+    return np.clip(np.rint(scaled) + facts.zero_point.reshape(shape or [1]), low, high).astype(facts.dtype) \
+        .reshape(np.shape(value))
+
+
+def split_qdq(model: onnx.ModelProto, where: str) -> _Split:
+    """Remove the Q/DQ nodes: the float model, the activations' and the parameters' file quantization."""
+    constants = _constants(model)
+    nodes = list(model.graph.node)
+    producer = {out: node for node in nodes for out in node.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in model.graph.output}
+    rename: dict[str, str] = {}                    # tensor name -> the name it takes in the float model
+    activations: dict[str, FileQuantization] = {}
+    parameters: dict[str, FileQuantization] = {}
+    new_initializers: list[onnx.TensorProto] = []
+    dropped: set[int] = set()
+    for node in nodes:
+        if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
+            continue
+        label = f"DequantizeLinear node {node.name!r}"
+        source = node.input[0]
+        quantizer = producer.get(source)
+        if quantizer is not None and quantizer.op_type == "QuantizeLinear" and quantizer.input[0] in constants \
+                and all(r.op_type == "DequantizeLinear" for r in readers.get(source, [])):
+            # a constant quantized in the graph (a Pad value, a Clip bound): store its integers
+            facts = _file_quantization(quantizer, constants, None, where)
+            constants[source] = _quantize_constant(constants[quantizer.input[0]], facts)
+            dropped.add(id(quantizer))
+        if source in constants:
+            facts = _file_quantization(node, constants, constants[source].dtype, where)
+            integers = constants[source].astype(np.int64)
+            shape = [1] * integers.ndim
+            if facts.axis is not None:
+                shape[facts.axis % integers.ndim] = -1
+            value = ((integers - facts.zero_point.reshape(shape)).astype(np.float32) *
+                     facts.scale.reshape(shape)).astype(np.float32)
+            new_initializers.append(numpy_helper.from_array(value, node.output[0]))
+            parameters[node.output[0]] = facts
+            dropped.add(id(node))
+            continue
+        if quantizer is None or quantizer.op_type != "QuantizeLinear":
+            raise ModelLoadError(f"{where}: {label} reads {source!r}, which no QuantizeLinear computes; ppqlike "
+                                 "imports integer activations only as QuantizeLinear -> DequantizeLinear pairs")
+        facts = _file_quantization(node, constants, None, where)
+        if not facts.same_as(_file_quantization(quantizer, constants, None, where)):
+            raise ModelLoadError(f"{where}: {label} dequantizes with other parameters than QuantizeLinear node "
+                                 f"{quantizer.name!r} quantized with; ppqlike imports matching pairs")
+        float_name = quantizer.input[0]
+        if float_name in activations and not activations[float_name].same_as(facts):
+            raise ModelLoadError(f"{where}: tensor {float_name!r} is quantized with two different scales (node "
+                                 f"{quantizer.name!r}); ppqlike imports one quantization per tensor")
+        activations[float_name] = facts
+        rename[node.output[0]] = float_name
+        dropped.update({id(node), id(quantizer)})
+        for reader in readers.get(source, []):
+            if reader.op_type != "DequantizeLinear":
+                raise ModelLoadError(f"{where}: {reader.op_type} node {reader.name!r} computes on the integers of "
+                                     f"{source!r}; ppqlike imports QDQ models whose ops read dequantized values")
+    # a dequantized graph output keeps its name: the float tensor behind it takes that name
+    original_names: dict[str, str] = {}
+    for dq_output, float_name in list(rename.items()):
+        if dq_output in outputs:
+            for other, target in rename.items():
+                if target == float_name:
+                    rename[other] = dq_output
+            rename[float_name] = dq_output
+            original_names[dq_output] = float_name
+            activations[dq_output] = activations.pop(float_name)
+    kept = []
+    for node in nodes:
+        if id(node) in dropped:
+            continue
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        del copy.input[:], copy.output[:]
+        copy.input.extend(rename.get(n, n) for n in node.input)
+        copy.output.extend(rename.get(n, n) for n in node.output)
+        kept.append(copy)
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    del result.graph.node[:]
+    result.graph.node.extend(kept)
+    used = {n for node in kept for n in node.input} | outputs
+    keep_initializers = [t for t in result.graph.initializer if t.name in used]
+    del result.graph.initializer[:]
+    result.graph.initializer.extend(keep_initializers + new_initializers)
+    return _Split(result, activations, parameters, original_names)
+
+
+def onnxruntime_fused_outputs(model: onnx.ModelProto) -> set[str]:
+    """Names of tensors still computed by a node after onnxruntime's graph optimizations: an op whose output
+    is not among them was fused into an integer kernel (QLinearConv, QLinearAdd, ...)."""
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    with tempfile.TemporaryDirectory(prefix="ppqlike-ort-") as folder:
+        options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
+        onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath)
+    return {name for node in optimized.graph.node for name in node.output}
+
+
+def _attach_configs(graph: Graph, split: _Split, fused: set[str] | None, platform) -> dict:
+    """Write the configs on the ops that touch a quantized tensor; returns counts for the report."""
+    counts = {"activations": 0, "weights": 0, "biases": 0, "runtime_kernels": 0, "quantized_ops": 0,
+              "kernels_with_8bit_weights": 0}
+    for operation in graph.topological_sort():
+        touched = [v for v in operation.inputs + operation.outputs
+                   if v is not None and (v.name in split.activations or v.name in split.parameters)]
+        if not touched:
+            operation.config = None
+            continue
+        inputs = []
+        for index, variable in enumerate(operation.inputs):
+            inputs.append(None if variable is None else _input_config(graph, operation, index, variable, split,
+                                                                       counts))
+        outputs = []
+        for variable in operation.outputs:
+            facts = split.activations.get(variable.name)
+            if facts is None:
+                outputs.append(TensorQuantizationConfig(_FLOAT_POLICY,
+                                                        state=S.FP32, name=variable.name))
+            else:
+                outputs.append(facts.config(variable.name, S.ACTIVATED))
+                counts["activations"] += 1
+        operation.config = OperationQuantizationConfig(inputs, outputs)
+        operation.platform = platform
+        counts["quantized_ops"] += 1
+        output = outputs[0] if outputs else None
+        if operation.type in _RUNTIME_KERNEL_TYPES and output is not None and output.state is S.ACTIVATED \
+                and (fused is None or not {split.original_names.get(v.name, v.name) for v in operation.outputs} & fused):
+            output.runtime_kernel = RUNTIME_KERNEL_ONNXRUNTIME
+            counts["runtime_kernels"] += 1
+            counts["kernels_with_8bit_weights"] += _uses_8bit_weights(operation)
+    return counts
+
+
+def _uses_8bit_weights(operation: Operation) -> bool:
+    """Whether an integer kernel's weight integers leave the 7-bit range (see core.host)."""
+    if operation.type not in ("Conv", "MatMul", "Gemm") or len(operation.inputs) < 2:
+        return False
+    config = operation.config.input_quantization_config[1]
+    if config.state is not S.BAKED or config.num_of_bits != 8:
+        return False
+    integers = config.quantize(config.baked_value).astype(np.int64)
+    shape = [1] * integers.ndim
+    if config.channel_axis is not None:
+        shape[config.channel_axis % integers.ndim] = -1
+    return bool(np.max(np.abs(integers - np.asarray(config.offset).reshape(shape or [1])))
+                > SATURATION_FREE_WEIGHT)
+
+
+def _input_config(graph: Graph, operation: Operation, index: int, variable, split: _Split,
+                  counts: dict) -> TensorQuantizationConfig:
+    facts = split.parameters.get(variable.name)
+    if facts is not None:
+        is_bias = operation.type in BIAS_TYPES and index == 2
+        config = facts.config(variable.name, S.PASSIVE_BAKED if is_bias else S.BAKED)
+        config.baked_value = np.array(variable.value, np.float32)  # its own copy: the exporter writes integers
+        counts["biases" if is_bias else "weights"] += 1
+        return config
+    facts = split.activations.get(variable.name)
+    if facts is None:
+        state = S.FP32 if variable.value is None or np.issubdtype(np.asarray(variable.value).dtype, np.floating) \
+            else S.SOI
+        return TensorQuantizationConfig(_FLOAT_POLICY, state=state, name=variable.name)
+    producer = variable.producer
+    if producer is not None and producer.config is not None:
+        master = producer.config.output_quantization_config[producer.outputs.index(variable)]
+        if master is not None and master.state is S.ACTIVATED:
+            config = facts.config(variable.name, S.INITIAL)
+            config.dominated_by(master, S.OVERLAPPED)
+            return config
+    return facts.config(variable.name, S.ACTIVATED)
+
+
+def is_quantized_model(model: onnx.ModelProto) -> bool:
+    """Whether the model already holds quantization (QuantizeLinear/DequantizeLinear or QLinear* nodes)."""
+    return is_qoperator(model) or any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+
+
+def import_quantized(source, platform=None) -> Graph:
+    """Read a QDQ or QOperator model into the IR: the FP32 graph plus configs carrying the file's scales.
+
+    ``platform`` (a TargetPlatform) is set on every quantized op.  ``graph.metadata['quantization']``
+    records the source, the format and what was imported.
+    """
+    model = read_model(source)
+    where = _describe(source)
+    file_format = "QOperator" if is_qoperator(model) else "QDQ"
+    qdq = qoperator_to_qdq(model, where) if file_format == "QOperator" else model
+    if not is_quantized_model(model):
+        raise ModelLoadError(f"{where}: the model holds no QuantizeLinear/DequantizeLinear or QLinear* nodes; "
+                             "it is not quantized (quantize it with ppqlike.quantize_onnx_model)")
+    split = split_qdq(qdq, where)
+    # QOperator ops are onnxruntime's integer kernels by definition; for QDQ ask onnxruntime what it fuses
+    fused = None if file_format == "QOperator" else onnxruntime_fused_outputs(model)
+    graph = load_onnx_graph(split.model)
+    counts = _attach_configs(graph, split, fused, platform)
+    counts["saturating_cpu"] = onnxruntime_saturates_u8s8()
+    if counts["kernels_with_8bit_weights"] and counts["saturating_cpu"]:
+        warnings.warn(f"{where}: {counts['kernels_with_8bit_weights']} integer kernels have weights beyond 7 "
+                      "bits; onnxruntime on this CPU (x86 without VNNI) may saturate their u8 x s8 pair sums, "
+                      "so its outputs can differ from the exact integer result ppqlike simulates (quantize "
+                      "with reduce_range=True for such CPUs)", stacklevel=3)
+    graph.metadata["quantization"] = {
+        "platform": getattr(platform, "name", None), "setting": None,
+        "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else None,
+        "imported": {"format": file_format, **counts}}
+    return graph
