@@ -31,26 +31,6 @@ VARIANTS = [("QDQ", "QUInt8", False), ("QDQ", "QUInt8", True), ("QDQ", "QInt8", 
             ("QOperator", "QUInt8", False), ("QOperator", "QUInt8", True)]
 
 
-def quantize_with_onnxruntime(model: str, variant: tuple, images: np.ndarray, folder: str,
-                              reduce_range: bool) -> str:
-    from onnxruntime import quantization
-    import presets
-    preset = presets.PRESETS[model]
-    file_format, activations, per_channel = variant
-    batches = iter([{preset.input_name: images[i:i + 16]} for i in range(0, len(images), 16)])
-
-    class Reader(quantization.CalibrationDataReader):
-        def get_next(self):
-            return next(batches, None)
-
-    path = os.path.join(folder, f"{model}-{file_format}-{activations}-{'pc' if per_channel else 'pt'}.onnx")
-    quantization.quantize_static(
-        str(preset.path), path, Reader(), quant_format=getattr(quantization.QuantFormat, file_format),
-        activation_type=getattr(quantization.QuantType, activations), weight_type=quantization.QuantType.QInt8,
-        per_channel=per_channel, reduce_range=reduce_range)
-    return path
-
-
 def run_file(path: str, images: np.ndarray) -> np.ndarray:
     import onnxruntime
     options = onnxruntime.SessionOptions()
@@ -81,7 +61,10 @@ def main(argv=None) -> int:
             calibration, _, _ = presets.load_images(model, "calib", args.calib_images)
             dev, _, _ = presets.load_images(model, "dev", args.dev_images)
             for variant in VARIANTS:
-                path = quantize_with_onnxruntime(model, variant, calibration, folder, not args.full_range_weights)
+                file_format, activations, per_channel = variant
+                path = presets.quantize_static_with_onnxruntime(
+                    model, os.path.join(folder, f"{model}-{file_format}-{activations}-{per_channel}.onnx"),
+                    calibration, file_format, activations, per_channel, not args.full_range_weights)
                 started = time.perf_counter()
                 graph = ppqlike.import_quantized_onnx(path)
                 seconds = time.perf_counter() - started

@@ -35,6 +35,7 @@ MODEL_NAMES = _presets.MODEL_NAMES
 wnids = _presets.wnids
 label_of = _presets.label_of
 load_images = _presets.load_images
+quantize_static_with_onnxruntime = _presets.quantize_static_with_onnxruntime
 
 #: Skip marker for tests that need the shared models and images.
 requires_bench = pytest.mark.skipif(

@@ -128,3 +128,10 @@ def test_plan_is_rebuilt_after_graph_edits():
     graph.bypass_operation(relu)
     after = executor.forward(feeds())[0]
     assert not np.array_equal(before, after) and (after < feeds()["z"].max() + 1e-6).any()
+
+
+def test_opset_variants_pick_the_newest_not_newer_than_the_model():
+    from ppqlike.executor.ops.base import by_opset
+    build = by_opset({6: lambda op, opset: "clip-6", 11: lambda op, opset: "clip-11"})
+    assert [build(None, opset) for opset in (1, 6, 10, 11, 21)] == ["clip-6", "clip-6", "clip-6", "clip-11",
+                                                                     "clip-11"]

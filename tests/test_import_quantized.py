@@ -16,9 +16,9 @@ from ppqlike.core.errors import ModelLoadError, PlatformError
 from ppqlike.core.quant import QuantizationStates as S
 from ppqlike.export.tensorrt import tensorrt_dynamic_ranges
 from onnx_helpers import make_model
-from shared_bench import PRESETS, load_images, requires_bench
+from shared_bench import load_images, quantize_static_with_onnxruntime, requires_bench
 
-quantization = pytest.importorskip("onnxruntime.quantization")
+pytest.importorskip("onnxruntime.quantization")
 
 #: (model, format, activation type, per channel): per-tensor and per-channel, uint8 activations (whose ops
 #: onnxruntime runs as integer kernels throughout)
@@ -36,22 +36,10 @@ def onnxruntime_quantized(model: str, file_format: str, activations: str, per_ch
     Weights use 7 bits (``reduce_range``), as onnxruntime advises for x86 CPUs without VNNI: there its u8 x s8
     kernels add products in pairs with 16-bit saturation, which 8-bit weights can overflow (an error of
     onnxruntime's, not of the file: the exact integer result is what the simulation computes)."""
-    preset = PRESETS[model]
     images, _, _ = load_images(model, "calib", 4)
-
-    class Reader(quantization.CalibrationDataReader):
-        def __init__(self):
-            self.batches = iter([{preset.input_name: images}])
-
-        def get_next(self):
-            return next(self.batches, None)
-
     path = os.path.join(folder, f"{model}_{file_format}_{activations}_{per_channel}.onnx")
-    quantization.quantize_static(
-        str(preset.path), path, Reader(), quant_format=getattr(quantization.QuantFormat, file_format),
-        activation_type=getattr(quantization.QuantType, activations), weight_type=quantization.QuantType.QInt8,
-        per_channel=per_channel, reduce_range=True)
-    return path
+    return quantize_static_with_onnxruntime(model, path, images, file_format, activations, per_channel,
+                                            reduce_range=True)
 
 
 def run_file(path: str, images: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .arithmetic import _erf_fast, blockwise, erfc
-from .base import Kernel, attribute, normalize_axis, unary, unsupported
+from .base import Kernel, attribute, by_opset, normalize_axis, unary, unsupported
 
 _QUIET = dict(all="ignore")
 
@@ -28,11 +28,14 @@ def _relu(x: np.ndarray) -> np.ndarray:
     return np.clip(x, x.dtype.type(0), x.dtype.type(top), out=np.empty_like(x))
 
 
-def _build_clip(op, opset: int) -> Kernel:
-    """Clip: min(max(x, low), high); bounds are attributes before opset 11, optional inputs since."""
-    if opset < 11:
-        low, high = attribute(op, "min", None), attribute(op, "max", None)
-        return lambda inputs: [_clip(inputs[0], low, high)]
+def _build_clip_6(op, opset: int) -> Kernel:
+    """Clip before opset 11: min(max(x, min), max) with the bounds as attributes."""
+    low, high = attribute(op, "min", None), attribute(op, "max", None)
+    return lambda inputs: [_clip(inputs[0], low, high)]
+
+
+def _build_clip_11(op, opset: int) -> Kernel:
+    """Clip since opset 11: the bounds are optional inputs."""
     return lambda inputs: [_clip(inputs[0], _optional(inputs, 1), _optional(inputs, 2))]
 
 
@@ -101,25 +104,35 @@ def _hard_swish(x: np.ndarray) -> np.ndarray:
     return np.multiply(out, x, out=out)
 
 
-def _softmax_axes(op, opset: int, x: np.ndarray, axis: int):
-    """opset 13+: the single ``axis``; before: every axis from ``axis`` on (x coerced to 2-D)."""
+def _checked_axis(op, x: np.ndarray, axis: int) -> int:
     if not -x.ndim <= axis < max(x.ndim, 1):
         raise unsupported(op, f"axis {axis} is out of range for rank {x.ndim}")
-    axis = normalize_axis(axis, x.ndim)
-    return axis if opset >= 13 else tuple(range(axis, x.ndim))
+    return normalize_axis(axis, x.ndim)
 
 
-def _build_softmax(op, opset: int) -> Kernel:
-    """Softmax: exp(x - max) / sum(exp(x - max)) over the axis (or axes, before opset 13)."""
+def _build_softmax_1(op, opset: int) -> Kernel:
+    """(Log)Softmax before opset 13: x coerced to 2-D at ``axis`` (default 1), normalized over every axis
+    from ``axis`` on."""
+    axis = int(attribute(op, "axis", 1))
+    return _softmax_kernel(op, lambda x: tuple(range(_checked_axis(op, x, axis), x.ndim)))
+
+
+def _build_softmax_13(op, opset: int) -> Kernel:
+    """(Log)Softmax since opset 13: normalized over the single ``axis`` (default -1)."""
+    axis = int(attribute(op, "axis", -1))
+    return _softmax_kernel(op, lambda x: _checked_axis(op, x, axis))
+
+
+def _softmax_kernel(op, axes_of) -> Kernel:
+    """exp(x - max) / sum(exp(x - max)) over ``axes_of(x)``; LogSoftmax: x - max - log(sum(exp(x - max)))."""
     log = op.type == "LogSoftmax"
-    axis = int(attribute(op, "axis", -1 if opset >= 13 else 1))
 
     def kernel(inputs):
         x = inputs[0]
-        axes = _softmax_axes(op, opset, x, axis)
+        axes = axes_of(x)
         with np.errstate(**_QUIET):
             shifted = np.subtract(x, np.max(x, axis=axes, keepdims=True), out=np.empty_like(x))
-            if log:  # x - max - log(sum(exp(x - max)))
+            if log:
                 total = np.sum(np.exp(shifted), axis=axes, keepdims=True)
                 shifted -= np.log(total, out=total)
                 return [shifted]
@@ -237,15 +250,15 @@ def _build_prelu(op, opset: int) -> Kernel:
 
 KERNELS: dict = {
     "Relu": unary(_relu),
-    "Clip": _build_clip,
+    "Clip": by_opset({6: _build_clip_6, 11: _build_clip_11}),
     "LeakyRelu": _build_leaky_relu,
     "PRelu": _build_prelu,
     "Sigmoid": unary(_sigmoid),
     "HardSigmoid": _build_hard_sigmoid,
     "HardSwish": unary(_hard_swish),
     "Tanh": unary(_tanh),
-    "Softmax": _build_softmax,
-    "LogSoftmax": _build_softmax,
+    "Softmax": by_opset({1: _build_softmax_1, 13: _build_softmax_13}),
+    "LogSoftmax": by_opset({1: _build_softmax_1, 13: _build_softmax_13}),
     "Gelu": _build_gelu,
     "Elu": _build_elu,
     "Selu": _build_elu,

@@ -41,6 +41,17 @@ def unsupported(op: Operation, what: str) -> UnsupportedOperationError:
     return UnsupportedOperationError(f"{op.type} node {op.name!r} (domain {op.domain or 'ai.onnx'!r}): {what}")
 
 
+def by_opset(variants: dict[int, KernelBuilder]) -> KernelBuilder:
+    """A builder choosing among an op's opset variants (since-version -> builder; onnx's reference
+    evaluator names them ``Op_6``, ``Op_11``, ...): the newest variant not newer than the model's opset."""
+    since = sorted(variants)
+
+    def build(op: Operation, opset: int) -> Kernel:
+        chosen = [version for version in since if version <= opset] or since[:1]
+        return variants[chosen[-1]](op, opset)
+    return build
+
+
 def unary(function: Callable[[np.ndarray], np.ndarray]) -> KernelBuilder:
     """Builder for a one-input, one-output op without attributes."""
     def build(op: Operation, opset: int) -> Kernel:

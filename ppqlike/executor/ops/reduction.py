@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Kernel, attribute, normalize_axis, unsupported
+from .base import Kernel, attribute, by_opset, normalize_axis, unsupported
 
 _QUIET = dict(all="ignore")
 
@@ -114,12 +114,21 @@ _REDUCERS = {
 }
 
 
-def _build_reduce(op, opset: int) -> Kernel:
+def _build_reduce_1(op, opset: int) -> Kernel:
+    """Reduce* with the ``axes`` attribute (all of them before opset 18, ReduceSum before 13)."""
+    return _reduce_kernel(op, axes_input=False)
+
+
+def _build_reduce_18(op, opset: int) -> Kernel:
+    """Reduce* with ``axes`` as an optional input (opset 18; ReduceSum since 13)."""
+    return _reduce_kernel(op, axes_input=True)
+
+
+def _reduce_kernel(op, axes_input: bool) -> Kernel:
     reduce = _REDUCERS[op.type]
     keepdims = bool(attribute(op, "keepdims", 1))
     noop = bool(attribute(op, "noop_with_empty_axes", 0))
-    axes_input = opset >= 18 or (op.type == "ReduceSum" and opset >= 13)
-    attribute_axes = attribute(op, "axes", None)
+    attribute_axes = None if axes_input else attribute(op, "axes", None)
 
     def kernel(inputs):
         x = inputs[0]
@@ -229,5 +238,6 @@ def _build_topk(op, opset: int) -> Kernel:
     return kernel
 
 
-KERNELS: dict = {name: _build_reduce for name in _REDUCERS}
+KERNELS: dict = {name: by_opset({1: _build_reduce_1, 13 if name == "ReduceSum" else 18: _build_reduce_18})
+                 for name in _REDUCERS}
 KERNELS.update({"ArgMax": _build_arg, "ArgMin": _build_arg, "TopK": _build_topk})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import attribute, normalize_axis, unsupported
+from .base import attribute, by_opset, normalize_axis, unsupported
 
 
 def optional(inputs, index):
@@ -56,31 +56,42 @@ def _transpose(op, opset):
     return lambda inputs: [np.transpose(inputs[0], perm)]
 
 
-def _axes(op, opset, inputs, index=1):
-    """Axes from the attribute (opset < 13) or the optional input (13+); None when absent."""
-    if opset < 13:
-        axes = attribute(op, "axes", None)
-    else:
-        axes = optional(inputs, index)
+def _axes_attribute(op, inputs):
+    """Squeeze/Unsqueeze before opset 13: axes from the attribute (None when absent)."""
+    axes = attribute(op, "axes", None)
     return None if axes is None else ints(axes)
 
 
-def _squeeze(op, opset):
-    def kernel(inputs):
-        data = inputs[0]
-        axes = _axes(op, opset, inputs)
-        if axes is None:
-            axes = [i for i, d in enumerate(data.shape) if d == 1]
-        return [np.squeeze(data, tuple(normalize_axis(a, data.ndim) for a in axes))]
-    return kernel
+def _axes_input(op, inputs):
+    """Squeeze/Unsqueeze since opset 13: axes from the optional second input (None when absent)."""
+    axes = optional(inputs, 1)
+    return None if axes is None else ints(axes)
 
 
-def _unsqueeze(op, opset):
-    def kernel(inputs):
-        data, axes = inputs[0], _axes(op, opset, inputs)
-        rank = data.ndim + len(axes)
-        return [np.expand_dims(data, tuple(normalize_axis(a, rank) for a in axes))]
-    return kernel
+def _squeeze_with(axes_of):
+    def build(op, opset):
+        def kernel(inputs):
+            data = inputs[0]
+            axes = axes_of(op, inputs)
+            if axes is None:
+                axes = [i for i, d in enumerate(data.shape) if d == 1]
+            return [np.squeeze(data, tuple(normalize_axis(a, data.ndim) for a in axes))]
+        return kernel
+    return build
+
+
+def _unsqueeze_with(axes_of):
+    def build(op, opset):
+        def kernel(inputs):
+            data, axes = inputs[0], axes_of(op, inputs)
+            rank = data.ndim + len(axes)
+            return [np.expand_dims(data, tuple(normalize_axis(a, rank) for a in axes))]
+        return kernel
+    return build
+
+
+_squeeze_1, _squeeze_13 = _squeeze_with(_axes_attribute), _squeeze_with(_axes_input)
+_unsqueeze_1, _unsqueeze_13 = _unsqueeze_with(_axes_attribute), _unsqueeze_with(_axes_input)
 
 
 # ----------------------------------------------------------- joining/splitting --
@@ -93,17 +104,31 @@ def _concat(op, opset):
     return kernel
 
 
-def _split(op, opset):
+def _split_2(op, opset):
+    """Split before opset 13: sizes from the ``split`` attribute, else equal parts, one per output."""
+    static = attribute(op, "split", None)
+    return _split_kernel(op, lambda inputs: static, len(op.outputs))
+
+
+def _split_13(op, opset):
+    """Split since opset 13: sizes from the optional second input, else equal parts, one per output."""
+    return _split_kernel(op, lambda inputs: optional(inputs, 1), len(op.outputs))
+
+
+def _split_18(op, opset):
+    """Split since opset 18: as 13, with ``num_outputs`` parts (the last one smaller) without sizes."""
+    return _split_kernel(op, lambda inputs: optional(inputs, 1),
+                         int(attribute(op, "num_outputs", len(op.outputs))))
+
+
+def _split_kernel(op, sizes_of, parts):
     axis = int(attribute(op, "axis", 0))
-    count = len(op.outputs)
-    static = attribute(op, "split", None) if opset < 13 else None
-    parts = int(attribute(op, "num_outputs", count)) if opset >= 18 else count
 
     def kernel(inputs):
         data = inputs[0]
         a = normalize_axis(axis, data.ndim)
         dim = data.shape[a]
-        sizes = static if opset < 13 else optional(inputs, 1)
+        sizes = sizes_of(inputs)
         if sizes is not None and np.size(sizes):
             sizes = ints(sizes)
         else:
@@ -253,10 +278,10 @@ KERNELS: dict = {
     "Reshape": _reshape,
     "Flatten": _flatten,
     "Transpose": _transpose,
-    "Squeeze": _squeeze,
-    "Unsqueeze": _unsqueeze,
+    "Squeeze": by_opset({1: _squeeze_1, 13: _squeeze_13}),
+    "Unsqueeze": by_opset({1: _unsqueeze_1, 13: _unsqueeze_13}),
     "Concat": _concat,
-    "Split": _split,
+    "Split": by_opset({2: _split_2, 13: _split_13, 18: _split_18}),
     "Slice": _slice,
     "Expand": _expand,
     "Tile": _tile,
