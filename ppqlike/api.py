@@ -168,7 +168,8 @@ def export_ppq_graph(graph: Graph, platform: TargetPlatform | str, graph_save_to
     return export_for_platform(graph, platform, graph_save_to, config_save_to, stacklevel=3, **options)
 
 
-def import_quantized_onnx(path_or_model, platform: TargetPlatform | str | None = None) -> Graph:
+def import_quantized_onnx(path_or_model, platform: TargetPlatform | str | None = None,
+                          restore_activations: bool = True) -> Graph:
     """Read a quantized ONNX model (QDQ or QOperator: QAT, onnxruntime's quantizer, the model zoo) as the
     FP32 graph plus configs carrying the file's scales and zero points.
 
@@ -176,7 +177,10 @@ def import_quantized_onnx(path_or_model, platform: TargetPlatform | str | None =
     into integer kernels are simulated as those kernels); analyse it with ``graphwise_error_analyse``,
     export it with ``export_ppq_graph``, or recalibrate it with ``quantize_onnx_model`` and
     ``setting.keep_imported_scales=False``.  ``platform`` (default ORT_INT8, what the file runs as in
-    onnxruntime) is recorded on the quantized ops.
+    onnxruntime) is recorded on the quantized ops.  ``restore_activations`` puts back as Relu the
+    activations a quantizer folded into ranges starting at zero (onnxruntime's drops Relu/Clip after
+    Conv, Gemm, MatMul and Add): the quantized result is unchanged, the float graph the error analysis
+    compares with is the model's again.
     """
     platform = TargetPlatform.ORT_INT8 if platform is None else TargetPlatform.parse(platform)
-    return import_quantized(path_or_model, platform)
+    return import_quantized(path_or_model, platform, restore_activations=restore_activations)

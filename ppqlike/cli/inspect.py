@@ -40,6 +40,9 @@ def run_inspect(args: argparse.Namespace) -> int:
     print(f"{args.model}: {facts['format']} model, {len(graph.operations)} ops, {facts['quantized_ops']} quantized")
     print(f"  quantized activations {facts['activations']}, weights {facts['weights']}, int32 biases "
           f"{facts['biases']}; onnxruntime runs {facts['runtime_kernels']} ops as integer kernels")
+    if facts["restored_relus"]:
+        print(f"  {facts['restored_relus']} Relus restored where the file's quantizer folded them into ranges "
+              "starting at zero (the float graph for error analysis; quantized values unchanged)")
     if facts["kernels_with_8bit_weights"]:
         print(f"  note: {facts['kernels_with_8bit_weights']} integer kernels have weights beyond 7 bits; onnxruntime "
               "on x86 CPUs without VNNI may saturate them" + (" (this CPU is one)" if facts["saturating_cpu"] else ""))

@@ -84,7 +84,8 @@ class _Split:
     model: onnx.ModelProto
     activations: dict[str, FileQuantization]
     parameters: dict[str, FileQuantization]
-    original_names: dict[str, str]      # a graph output's name -> the file's name of the float tensor it holds
+    original_names: dict[str, str]      # a renamed tensor -> the file's name of the float tensor it holds
+    restored: dict[str, str] | None = None  # the output of a restored Relu -> the tensor before it
 
 
 def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -213,6 +214,46 @@ def split_qdq(model: onnx.ModelProto, where: str) -> _Split:
     return _Split(result, activations, parameters, original_names)
 
 
+#: ops after which onnxruntime's quantizer drops a Relu/Clip, its range starting at zero doing the clipping
+_FOLDS_ACTIVATION = frozenset({"Conv", "Gemm", "MatMul", "Add"})
+
+
+def restore_folded_relus(split: _Split) -> None:
+    """Put back, as Relu, the activations a quantizer folded into a range that starts at zero.
+
+    onnxruntime's quantizer removes the Relu/Clip after Conv, Gemm, MatMul or Add when the output's
+    range starts at zero (zero point = the lowest integer): quantized, nothing changes, but the float
+    graph loses its clipping and an error analysis against it compares with a model that never existed.
+    A Relu on such a tensor leaves the quantized result unchanged (the clamp at the zero point is the
+    Relu) and restores the float graph where the dropped op was a Relu (a Clip's upper bound, past the
+    range, is lost either way).  Graph outputs are left alone.
+    """
+    model = split.model
+    outputs = {o.name for o in model.graph.output}
+    names = {n for node in model.graph.node for n in list(node.input) + list(node.output) + [node.name]}
+    split.restored = {}
+    nodes = []
+    for node in model.graph.node:
+        nodes.append(node)
+        if node.op_type not in _FOLDS_ACTIVATION or node.domain not in ("", "ai.onnx"):
+            continue
+        name = node.output[0]
+        facts = split.activations.get(name)
+        if facts is None or facts.axis is not None or name in outputs \
+                or int(facts.zero_point[0]) != _RANGES[facts.dtype][0]:
+            continue
+        before = name + "_before_relu"
+        while before in names:
+            before += "_"
+        names.add(before)
+        node.output[0] = before
+        nodes.append(helper.make_node("Relu", [before], [name], name=name + "_restored_Relu"))
+        split.restored[name] = before
+        split.original_names[before] = split.original_names.get(name, name)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
 def onnxruntime_fused_outputs(model: onnx.ModelProto) -> set[str]:
     """Names of tensors still computed by a node after onnxruntime's graph optimizations: an op whose output
     is not among them was fused into an integer kernel (QLinearConv, QLinearAdd, ...)."""
@@ -230,7 +271,8 @@ def onnxruntime_fused_outputs(model: onnx.ModelProto) -> set[str]:
 def _attach_configs(graph: Graph, split: _Split, fused: set[str] | None, platform) -> dict:
     """Write the configs on the ops that touch a quantized tensor; returns counts for the report."""
     counts = {"activations": 0, "weights": 0, "biases": 0, "runtime_kernels": 0, "quantized_ops": 0,
-              "kernels_with_8bit_weights": 0}
+              "kernels_with_8bit_weights": 0, "restored_relus": len(split.restored or {})}
+    before_relu = {before: name for name, before in (split.restored or {}).items()}
     for operation in graph.topological_sort():
         touched = [v for v in operation.inputs + operation.outputs
                    if v is not None and (v.name in split.activations or v.name in split.parameters)]
@@ -244,7 +286,9 @@ def _attach_configs(graph: Graph, split: _Split, fused: set[str] | None, platfor
         outputs = []
         for variable in operation.outputs:
             facts = split.activations.get(variable.name)
-            if facts is None:
+            if variable.name in before_relu:  # fused with the restored Relu, whose config governs (linked below)
+                outputs.append(split.activations[before_relu[variable.name]].config(variable.name, S.INITIAL))
+            elif facts is None:
                 outputs.append(TensorQuantizationConfig(_FLOAT_POLICY,
                                                         state=S.FP32, name=variable.name))
             else:
@@ -253,13 +297,28 @@ def _attach_configs(graph: Graph, split: _Split, fused: set[str] | None, platfor
         operation.config = OperationQuantizationConfig(inputs, outputs)
         operation.platform = platform
         counts["quantized_ops"] += 1
+        if operation.type == "Relu" and operation.outputs[0].name in (split.restored or {}):
+            _link_restored_relu(operation, split)
         output = outputs[0] if outputs else None
-        if operation.type in _RUNTIME_KERNEL_TYPES and output is not None and output.state is S.ACTIVATED \
+        if operation.type in _RUNTIME_KERNEL_TYPES and output is not None \
+                and (output.state is S.ACTIVATED or operation.outputs[0].name in before_relu) \
                 and (fused is None or not {split.original_names.get(v.name, v.name) for v in operation.outputs} & fused):
             output.runtime_kernel = RUNTIME_KERNEL_ONNXRUNTIME
             counts["runtime_kernels"] += 1
             counts["kernels_with_8bit_weights"] += _uses_8bit_weights(operation)
     return counts
+
+
+def _link_restored_relu(relu: Operation, split: _Split) -> None:
+    """The restored Relu's output config governs its input and its producer's output (OVERLAPPED), as
+    ppqlike's own fusion of Conv + Relu does: the producer's integer kernel requantizes to that grid."""
+    master = relu.config.output_quantization_config[0]
+    source = relu.inputs[0]
+    source.producer.config.output_quantization_config[source.producer.outputs.index(source)] \
+        .dominated_by(master, S.OVERLAPPED)
+    reader = split.activations[relu.outputs[0].name].config(source.name, S.INITIAL)
+    reader.dominated_by(master, S.OVERLAPPED)
+    relu.config.input_quantization_config[0] = reader
 
 
 def _uses_8bit_weights(operation: Operation) -> bool:
@@ -306,10 +365,11 @@ def is_quantized_model(model: onnx.ModelProto) -> bool:
     return is_qoperator(model) or any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
 
 
-def import_quantized(source, platform=None) -> Graph:
+def import_quantized(source, platform=None, restore_activations: bool = True) -> Graph:
     """Read a QDQ or QOperator model into the IR: the FP32 graph plus configs carrying the file's scales.
 
-    ``platform`` (a TargetPlatform) is set on every quantized op.  ``graph.metadata['quantization']``
+    ``platform`` (a TargetPlatform) is set on every quantized op.  ``restore_activations``: put back the
+    Relus a quantizer folded into ranges (see :func:`restore_folded_relus`).  ``graph.metadata['quantization']``
     records the source, the format and what was imported.
     """
     model = read_model(source)
@@ -320,6 +380,8 @@ def import_quantized(source, platform=None) -> Graph:
         raise ModelLoadError(f"{where}: the model holds no QuantizeLinear/DequantizeLinear or QLinear* nodes; "
                              "it is not quantized (quantize it with ppqlike.quantize_onnx_model)")
     split = split_qdq(qdq, where)
+    if restore_activations:
+        restore_folded_relus(split)
     # QOperator ops are onnxruntime's integer kernels by definition; for QDQ ask onnxruntime what it fuses
     fused = None if file_format == "QOperator" else onnxruntime_fused_outputs(model)
     graph = load_onnx_graph(split.model)
