@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .core.errors import CalibrationDataError, PlatformError
+from .core.errors import CalibrationDataError, GraphError, PlatformError
 from .core.ir import Graph
 from .executor import NumpyExecutor
 from .export.platform import export_for_platform
@@ -124,6 +124,9 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
             f"single-input models, or of dicts name -> array), not {type(calib_dataloader).__name__}; "
             "wrap a single batch in a list")
     graph = onnx_import_file if isinstance(onnx_import_file, Graph) else _load(onnx_import_file)
+    if not graph.inputs:
+        raise GraphError(f"model {graph.name!r} has no inputs: every value is a constant, so there is nothing to "
+                         "calibrate or quantize; give the model its inputs (or fold it to constants)")
     if (graph.metadata.get("quantization") or {}).get("imported"):
         if setting.keep_imported_scales:
             raise PlatformError(f"model {graph.name!r} is already quantized (its scales were imported); export it "

@@ -9,7 +9,9 @@ model end to end.  Every deliberate error prints one line,
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from importlib import resources
 
@@ -132,6 +134,21 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+class _Terminated(BaseException):
+    """Raised in the main thread on SIGTERM, so that the cleanup an interrupt runs (staging folders and
+    temporary files removed, outputs whole or absent) runs for a termination too."""
+
+
+def _terminate_like_interrupt():
+    """Install the SIGTERM handler (main thread only); returns the previous handler, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise _Terminated()
+    return signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ppqlike`` console script; returns the exit status."""
     try:
@@ -141,8 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as exit_:  # --help
         return int(exit_.code or 0)
+    previous = _terminate_like_interrupt()
     try:
         return args.run(args)
+    except _Terminated:
+        print("ppqlike: terminated; nothing was written", file=sys.stderr)
+        return 143
     except PPQLikeError as error:
         print(f"ppqlike: error: {_one_line(error)}", file=sys.stderr)
         return 2
@@ -153,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ppqlike: interrupted; nothing was written", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

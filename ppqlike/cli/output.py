@@ -19,16 +19,7 @@ import tempfile
 from typing import Callable
 
 from ..core.errors import ExportError
-from ..io.files import atomic_write_bytes
-
-
-def _same_file(a: str, b: str) -> bool:
-    if os.path.abspath(a) == os.path.abspath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
+from ..io.files import atomic_write_bytes, same_file
 
 
 class OutputFolder:
@@ -44,13 +35,13 @@ class OutputFolder:
     def check(self, names: list[str]) -> None:
         """Raise ExportError if the folder cannot be made or written, or a file would replace an input."""
         for source in self.protect:
-            if _same_file(self.path, source):
+            if same_file(self.path, source):
                 raise ExportError(f"refusing to use {self.path!r} as the output folder: it is the input model; "
                                   "give --out a folder")
         for name in names:
             target = self.file(name)
             for source in self.protect:
-                if _same_file(target, source):
+                if same_file(target, source):
                     raise ExportError(f"refusing to write {target!r}: it is the input model; "
                                       "choose another output folder or file name")
             if os.path.isdir(target):
@@ -85,7 +76,7 @@ class OutputFolder:
                 source, target = os.path.join(staging, name), self.file(name)
                 if name.startswith(".ppqlike-") or not os.path.isfile(source):
                     continue
-                if any(_same_file(target, p) for p in self.protect):
+                if any(same_file(target, p) for p in self.protect):
                     raise ExportError(f"refusing to write {target!r}: it is the input model")
                 os.replace(source, target)
                 moved.append(target)

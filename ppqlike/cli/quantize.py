@@ -103,7 +103,8 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument("--model-name", metavar="NAME",
                         help="file name of the quantized model in --out (default <stem>.<platform>.onnx)")
     group = parser.add_argument_group("calibration")
-    group.add_argument("--batch-size", type=_positive, default=16, metavar="N", help="samples per batch (default 16)")
+    group.add_argument("--batch-size", type=_positive, default=None, metavar="N",
+                       help="samples per batch (default: the model's fixed batch size, else 16)")
     group.add_argument("--calib-steps", type=_positive, metavar="N", help="use the first N batches (default all)")
     group.add_argument("--input-shape", type=_shape, metavar="SHAPE",
                        help="input shape of a single-input model, e.g. 1,3,224,224 or N,3,224,224; the batch "
@@ -127,6 +128,9 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
                             "(# starts a comment)")
     group.add_argument("--dispatcher", help="conservative | aggressive | pointwise | allin")
     group.add_argument("--observer", help="activation observer: minmax | percentile | kl | entropy | mse | search")
+    group.add_argument("--recalibrate", action="store_true",
+                       help="for an already quantized model (QDQ/QOperator): drop its scales and calibrate its float "
+                            "graph again for --platform (see `ppqlike inspect` for what it holds)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
     parser.set_defaults(run=run_quantize)
     return parser
@@ -206,10 +210,40 @@ def open_calibration(folder: str, graph, batch_size: int, input_shape, options: 
     return data
 
 
+def load_model_for_quantization(path: str, recalibrate: bool, setting):
+    """The model's graph; an already quantized model (QDQ/QOperator) is refused unless ``--recalibrate``."""
+    from ..io import load_onnx_graph
+    from ..io.import_quantized import import_quantized, is_quantized_model
+    from ..io.onnx_import import read_model
+    model = read_model(path)
+    if not is_quantized_model(model):
+        return load_onnx_graph(path)  # (read again: its errors and metadata name the file)
+    if not recalibrate:
+        raise PPQLikeError(f"model {path!r} is already quantized (it holds QuantizeLinear/DequantizeLinear or QLinear* "
+                           "nodes); see what it holds with `ppqlike inspect`, or pass --recalibrate to quantize its "
+                           "float graph again from the calibration data")
+    setting.keep_imported_scales = False
+    return import_quantized(path)
+
+
+def batch_size_for(graph, requested: int | None, input_shape) -> int:
+    """--batch-size, or the model's fixed batch size when it has one, else 16; a requested size that the
+    model's fixed batch dimension contradicts is an error naming the size to use."""
+    fixed = {v.name: v.shape[0] for v in graph.inputs
+             if input_shape is None and v.shape and isinstance(v.shape[0], int) and v.shape[0] > 0}
+    sizes = set(fixed.values())
+    if requested is None:
+        return sizes.pop() if len(sizes) == 1 else 16
+    if sizes and sizes != {requested}:
+        name, size = next(iter(fixed.items()))
+        raise CalibrationDataError(f"--batch-size {requested}: model input {name!r} has a fixed batch size of "
+                                   f"{size}; pass --batch-size {size} (or leave it out)")
+    return requested
+
+
 def run_quantize(args: argparse.Namespace) -> int:
     from ..api import quantize_onnx_model
     from .output import OutputFolder
-    from ..io import load_onnx_graph
 
     started = time.perf_counter()
     platform = parse_platform(args.platform)
@@ -228,7 +262,8 @@ def run_quantize(args: argparse.Namespace) -> int:
     output.check(list(names.values()))
     setting = build_setting(args, platform)
     setting.validate()
-    graph = load_onnx_graph(model)
+    graph = load_model_for_quantization(model, args.recalibrate, setting)
+    args.batch_size = batch_size_for(graph, args.batch_size, args.input_shape)
     data = open_calibration(args.calib, graph, args.batch_size, args.input_shape, image_options(args))
     if args.calib_steps is not None and args.calib_steps > len(data):
         raise CalibrationDataError(

@@ -4,8 +4,8 @@
   TensorRT and PPL CUDA also get ``<model>.dynamic_range.json`` beside it.
 * ``tpu_mlir``: the QDQ ONNX model, plus ``<model>_cali_table`` and ``<model>_qtable`` beside it.
 
-With ``config_save_to`` the JSON of every config is written too.  Every file is written
-atomically; none may be the graph's source model.
+With ``config_save_to`` the JSON of every config is written too.  The files appear together or
+not at all (staged beside their destinations, then renamed); none may be the graph's source model.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import warnings
 
 from ..core.errors import ExportError
 from ..core.ir import Graph
+from ..core.quant_graph import configured_operations
+from ..io.files import StagedFiles
 from ..platforms.policies import get_platform_policy
 from ..platforms.target import TargetPlatform
 from .common import source_path, warn_rounding
@@ -71,28 +73,31 @@ def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=No
     if policy.exporter not in ("qdq_onnx", "tpu_mlir"):
         raise ExportError(f"{platform.name}'s exporter {policy.exporter!r} is unknown; ppqlike writes "
                           "'qdq_onnx' and 'tpu_mlir'")
-    paths = [os.path.abspath(os.fspath(graph_save_to))]
+    if not any(True for _ in configured_operations(graph)):
+        raise ExportError(f"graph {graph.name!r} holds no quantization configs: it was never quantized; "
+                          "quantize it first (ppqlike.quantize_onnx_model) or import a quantized model "
+                          "(ppqlike.import_quantized_onnx)")
     sidecars = sidecar_paths(graph_save_to)
-    planned = [paths[0]]
-    if platform in _RANGE_PLATFORMS:
-        planned.append(sidecars["dynamic_range"])
-    if policy.exporter == "tpu_mlir":
-        planned += [sidecars["cali_table"], sidecars["qtable"]]
-    if config_save_to is not None:
-        planned.append(os.path.abspath(os.fspath(config_save_to)))
     source = source_path(graph)
-    for path in planned:  # check every destination before writing any
-        if source is not None and os.path.abspath(source) == path:
-            raise ExportError(f"refusing to write {path!r}: it is the input model; choose another output path")
-    if len(set(planned)) != len(planned):
-        raise ExportError(f"two exported files would share a path: {planned}")
-    report = export_qdq_onnx(graph, graph_save_to, qdq_per_consumer=per_consumer, uint8_activations=uint8,
-                             uint8_weights=bool(uint8_weights), opset=options.get("opset"), warn=False)
-    if platform in _RANGE_PLATFORMS:
-        paths.append(export_tensorrt_dynamic_ranges(graph, sidecars["dynamic_range"], protect=(source,)))
-    if policy.exporter == "tpu_mlir":
-        paths += export_tpu_mlir_tables(graph, sidecars["cali_table"], sidecars["qtable"], protect=(source,))
-    if config_save_to is not None:
-        paths.append(export_config_json(graph, config_save_to, protect=(source,)))
+    # every file is staged beside its destination and renamed into place together: all appear or none
+    with StagedFiles(protect=(source,)) as staged:
+        paths = [os.fspath(graph_save_to)]
+        if platform in _RANGE_PLATFORMS:
+            paths.append(sidecars["dynamic_range"])
+        if policy.exporter == "tpu_mlir":
+            paths += [sidecars["cali_table"], sidecars["qtable"]]
+        if config_save_to is not None:
+            paths.append(os.fspath(config_save_to))
+        temporary = {path: staged.reserve(path) for path in paths}  # every check before any writing
+        report = export_qdq_onnx(graph, temporary[paths[0]], qdq_per_consumer=per_consumer,
+                                 uint8_activations=uint8, uint8_weights=bool(uint8_weights),
+                                 opset=options.get("opset"), warn=False)
+        if platform in _RANGE_PLATFORMS:
+            export_tensorrt_dynamic_ranges(graph, temporary[sidecars["dynamic_range"]])
+        if policy.exporter == "tpu_mlir":
+            export_tpu_mlir_tables(graph, temporary[sidecars["cali_table"]], temporary[sidecars["qtable"]])
+        if config_save_to is not None:
+            export_config_json(graph, temporary[os.fspath(config_save_to)])
+    paths = [os.path.abspath(path) for path in paths]
     warn_rounding(report["rounding_mismatch"], stacklevel=stacklevel + 1)
     return paths

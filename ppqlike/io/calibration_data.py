@@ -40,6 +40,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..core.errors import CalibrationDataError
+from .files import check_allocation
 from .images import IMAGE_SUFFIXES, load_image
 
 #: Suffixes of array files (compared case-insensitively).
@@ -109,20 +110,36 @@ def _npy_header(stream) -> tuple[tuple, np.dtype]:
 
 
 def _array_shapes(path: str) -> dict[str | None, tuple]:
-    """Shapes of the arrays in an .npy (key None) or .npz file, read from the headers only."""
+    """Shapes of the arrays in an .npy (key None) or .npz file, read from the headers only; a header
+    claiming more bytes than the file holds (or than the machine has) is refused before any loading."""
     try:
         if path.lower().endswith(".npy"):
             with open(path, "rb") as stream:
-                return {None: _npy_header(stream)[0]}
+                shape, dtype = _npy_header(stream)
+                _check_declared(path, None, shape, dtype, os.path.getsize(path) - stream.tell())
+                return {None: shape}
         with zipfile.ZipFile(path) as archive:
             shapes = {}
             for member in archive.namelist():
                 if member.endswith(".npy"):
                     with archive.open(member) as stream:
-                        shapes[member[:-4]] = _npy_header(stream)[0]
+                        shape, dtype = _npy_header(stream)
+                        header = stream.tell()
+                    _check_declared(path, member[:-4], shape, dtype, archive.getinfo(member).file_size - header)
+                    shapes[member[:-4]] = shape
             return shapes
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
         raise CalibrationDataError(f"cannot read calibration file {path!r}: {error}") from None
+
+
+def _check_declared(path: str, member: str | None, shape: tuple, dtype: np.dtype, stored: int) -> None:
+    what = f"calibration file {path!r}" + (f" (array {member!r})" if member else "")
+    declared = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize if shape else np.dtype(dtype).itemsize
+    check_allocation(declared, what, CalibrationDataError)
+    if np.dtype(dtype).kind != "O" and declared > stored:
+        raise CalibrationDataError(f"{what}: its header declares shape {list(shape)} of {np.dtype(dtype)} "
+                                   f"({declared} bytes) but the file holds {stored} bytes of data; it is "
+                                   "truncated or corrupt")
 
 
 class CalibrationFolder:

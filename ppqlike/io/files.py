@@ -26,6 +26,25 @@ def read_json(path: str | os.PathLike, what: str, error: type) -> Any:
         raise error(f"{what} {os.fspath(path)!r} is not valid JSON: {failure}") from None
 
 
+def physical_memory_bytes() -> int | None:
+    """The machine's physical memory (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_allocation(nbytes: int, what: str, error: type) -> None:
+    """``error`` (a PPQLikeError class) naming ``what`` when allocating ``nbytes`` cannot succeed: a
+    negative size, or more than the machine's physical memory.  Checked before allocating, so that a
+    file declaring an absurd size is refused with its name instead of exhausting the machine."""
+    memory = physical_memory_bytes()
+    if nbytes < 0 or (memory is not None and nbytes > memory):
+        have = f"; this machine has {memory / 2 ** 30:.1f} GiB" if memory is not None else ""
+        raise error(f"{what} declares {nbytes / 2 ** 30:.1f} GiB ({nbytes} bytes){have}: the file is corrupt "
+                    "or not meant for this machine")
+
+
 def same_file(first: str | os.PathLike, second: str | os.PathLike) -> bool:
     """Whether two paths name the same file, through symbolic links and hard links."""
     first, second = os.fspath(first), os.fspath(second)
@@ -52,6 +71,61 @@ def _create_private(directory: str, prefix: str, suffix: str) -> tuple[int, str]
         except FileExistsError:
             continue
     raise ExportError(f"cannot create a temporary file in {directory!r}")
+
+
+class StagedFiles:
+    """Files that appear together or not at all (DESIGN: outputs whole or absent).
+
+    ``with StagedFiles(protect) as staged:`` — :meth:`reserve` checks a destination (its folder exists,
+    it is not a folder, not a protected input, not reserved twice) and returns a hidden temporary path
+    beside it to write to; reserve every destination before writing any.  Leaving the block normally
+    renames every temporary file onto its destination; leaving it by any exception (KeyboardInterrupt,
+    SystemExit from a SIGTERM handler included) removes them all.
+    """
+
+    def __init__(self, protect: tuple = ()):
+        self.protect = tuple(p for p in protect if p is not None)
+        self.pending: list[tuple[str, str]] = []
+
+    def reserve(self, path: str | os.PathLike) -> str:
+        final = os.path.abspath(os.fspath(path))
+        check_not_protected(final, self.protect)
+        if any(same_file(final, other) for _, other in self.pending):
+            raise ExportError(f"two exported files would share the path {final!r}")
+        directory = os.path.dirname(final) or "."
+        if not os.path.isdir(directory):
+            raise ExportError(f"cannot write {final!r}: folder {directory!r} does not exist")
+        if os.path.isdir(final):
+            raise ExportError(f"cannot write {final!r}: a folder of that name exists")
+        try:
+            handle, temporary = _create_private(directory, ".ppqlike-", ".tmp")
+        except OSError as error:
+            raise ExportError(f"cannot write into folder {directory!r}: {error.strerror}") from None
+        os.close(handle)
+        self.pending.append((temporary, final))
+        return temporary
+
+    def __enter__(self) -> "StagedFiles":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        if kind is None:
+            try:
+                for temporary, final in self.pending:
+                    os.replace(temporary, final)
+            except OSError as error:
+                self._remove()
+                raise ExportError(f"cannot move an exported file into place: {error}") from None
+        else:
+            self._remove()
+        return False
+
+    def _remove(self) -> None:
+        for temporary, _ in self.pending:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, protect: tuple = ()) -> None:

@@ -44,7 +44,7 @@ def load_image(path: str | os.PathLike, resize_shorter: int | None = 256, crop: 
     ``resize_shorter``: the shorter side is resized to this many pixels with
     bilinear filtering (None: no resize).  ``crop``: centre crop of this size
     (an int for a square, or (height, width); None: no crop).  Greyscale,
-    palette and RGBA images are converted to RGB; ``bgr`` then reverses the
+    palette and RGBA images are converted to RGB (16-bit greyscale scaled to 0..255); ``bgr`` then reverses the
     channel order.  ``mean`` and ``std`` are given in the output channel order.
     """
     if layout not in ("NCHW", "NHWC"):
@@ -55,7 +55,7 @@ def load_image(path: str | os.PathLike, resize_shorter: int | None = 256, crop: 
     image_module = _pillow()
     try:
         with image_module.open(os.fspath(path)) as image:
-            image = image.convert("RGB")
+            image = _to_rgb(image_module, image, os.fspath(path))
             if resize_shorter:
                 width, height = image.size
                 if width <= height:
@@ -82,6 +82,27 @@ def load_image(path: str | os.PathLike, resize_shorter: int | None = 256, crop: 
     if layout == "NCHW":
         pixels = pixels.transpose(2, 0, 1)
     return np.ascontiguousarray(pixels[None], dtype=np.float32)
+
+
+#: Pillow modes of single-channel images with more than 8 bits per pixel
+_WIDE_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
+def _to_rgb(image_module, image, path: str):
+    """The image in 8-bit RGB.  16-bit greyscale is scaled to 0..255 (x / 257: 65535 -> 255), so the
+    usual ``scale``/``mean``/``std`` apply, instead of being clipped to 255 by Pillow's conversion;
+    32-bit integer beyond 16 bits and floating-point images have no agreed range and are refused."""
+    if image.mode in _WIDE_GREY_MODES:
+        pixels = np.asarray(image, dtype=np.float64)
+        if pixels.size and (pixels.min() < 0 or pixels.max() > 65535):
+            raise PPQLikeError(f"image {path!r} is a {image.mode} image with values beyond 16 bits "
+                               f"({pixels.min():.0f}..{pixels.max():.0f}); convert it to 8 or 16 bits")
+        grey = np.rint(pixels / 257.0).astype(np.uint8)
+        return image_module.fromarray(grey, "L").convert("RGB")
+    if image.mode == "F":
+        raise PPQLikeError(f"image {path!r} holds floating-point pixels (Pillow mode F), whose range ppqlike "
+                           "cannot know; save it as an 8- or 16-bit image, or give the data as .npy files")
+    return image.convert("RGB")
 
 
 def list_images(folder: str | os.PathLike) -> list[str]:

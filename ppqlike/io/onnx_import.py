@@ -20,6 +20,7 @@ from onnx import helper, numpy_helper
 
 from ..core.errors import GraphError, ModelLoadError
 from ..core.ir import Graph
+from .files import check_allocation
 
 MIN_OPSET, MAX_OPSET = 11, 21
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -58,6 +59,7 @@ def read_model(source: Any) -> onnx.ModelProto:
             raise ModelLoadError(f"{where} cannot be read: {error.strerror}") from None
         model = _parse(data, where)
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(model)):
+            _check_external_data(model, os.path.dirname(os.path.abspath(path)), where)
             try:
                 onnx.external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
             except Exception as error:  # OSError, ValueError, onnx's own checks on the location
@@ -111,7 +113,8 @@ def _check_structure(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
                 raise ModelLoadError(
                     f"{where}: {_node_label(node, index)} has op type {node.op_type!r}, which is not an "
                     f"ONNX operator of the default domain at opset {imports['']}") from None
-    available = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    available = {t.name for t in graph.initializer} | {i.name for i in graph.input} | \
+        {t.values.name for t in graph.sparse_initializer}
     producer: dict[str, int] = {}
     for index, node in enumerate(graph.node):
         for name in node.output:
@@ -178,6 +181,24 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return model
 
 
+def _check_external_data(model: onnx.ModelProto, folder: str, where: str) -> None:
+    """Every external data file must resolve (links and '..' followed) inside the model's folder, and every
+    tensor's declared size must fit the machine: checked here, whatever the installed onnx checks."""
+    root = os.path.realpath(folder)
+    for tensor in _all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        location = entries.get("location", "")
+        resolved = os.path.realpath(os.path.join(root, location))
+        if not location or os.path.isabs(location) or os.path.commonpath([root, resolved]) != root:
+            raise ModelLoadError(f"{where}: tensor {tensor.name!r} reads external data from {location!r}, which "
+                                 f"is not inside the model's folder {root!r}; keep the data files beside the model")
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize if tensor.data_type else 1
+        count = int(np.prod([int(d) for d in tensor.dims], dtype=object)) if tensor.dims else 1
+        check_allocation(count * itemsize, f"{where}: external tensor {tensor.name!r}", ModelLoadError)
+
+
 def _all_tensors(model: onnx.ModelProto):
     yield from model.graph.initializer
     for node in model.graph.node:
@@ -207,14 +228,48 @@ def _elem_dtype(type_proto: onnx.TypeProto):
     return None if elem == 0 else helper.tensor_dtype_to_np_dtype(elem)
 
 
-def _sparse_to_dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
-    """A dense array from a SparseTensorProto (linear or coordinate indices)."""
-    values = numpy_helper.to_array(sparse.values)
-    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+def _tensor_value(tensor: onnx.TensorProto, where: str) -> np.ndarray:
+    """A TensorProto's array, its declared size checked against its data before anything is allocated."""
+    dims = [int(d) for d in tensor.dims]
+    label = f"{where}: tensor {tensor.name!r}"
+    if any(d < 0 for d in dims):
+        raise ModelLoadError(f"{label} has negative dimensions {dims}")
+    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type) if tensor.data_type else None
+    if dtype is not None and tensor.data_location != onnx.TensorProto.EXTERNAL:
+        count = int(np.prod(dims, dtype=object)) if dims else 1
+        check_allocation(count * np.dtype(dtype).itemsize, label, ModelLoadError)
+        if tensor.HasField("raw_data") and len(tensor.raw_data) != count * np.dtype(dtype).itemsize \
+                and np.dtype(dtype).kind not in "OUS" and tensor.data_type not in _PACKED_TYPES:
+            raise ModelLoadError(f"{label} declares shape {dims} ({count * np.dtype(dtype).itemsize} bytes of "
+                                 f"{np.dtype(dtype)}) but holds {len(tensor.raw_data)} bytes; the file is corrupt")
+    try:
+        return numpy_helper.to_array(tensor)
+    except (ValueError, TypeError) as error:
+        raise ModelLoadError(f"{label} cannot be read: {error}") from None
+
+
+#: data types stored with several values per byte (4-bit), whose raw size is not count * itemsize
+_PACKED_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
+                          if hasattr(onnx.TensorProto, name))
+
+
+def _sparse_to_dense(sparse: onnx.SparseTensorProto, where: str = "model") -> np.ndarray:
+    """A dense array from a SparseTensorProto (linear or coordinate indices); its dense size is checked
+    against the machine before it is allocated."""
+    values = _tensor_value(sparse.values, where)
+    indices = _tensor_value(sparse.indices, where).astype(np.int64)
     dims = tuple(int(d) for d in sparse.dims)
-    dense = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=values.dtype)
+    name = sparse.values.name or "sparse tensor"
+    if any(d < 0 for d in dims):
+        raise ModelLoadError(f"{where}: sparse tensor {name!r} has negative dimensions {list(dims)}")
+    count = int(np.prod(dims, dtype=object)) if dims else 1
+    check_allocation(count * values.dtype.itemsize, f"{where}: sparse tensor {name!r} (dense shape {list(dims)})",
+                     ModelLoadError)
+    dense = np.zeros(count, dtype=values.dtype)
     if indices.ndim == 2:  # [NNZ, rank] coordinates
         indices = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices.reshape(-1)
+    if indices.size and (indices.min() < 0 or indices.max() >= count):
+        raise ModelLoadError(f"{where}: sparse tensor {name!r} has indices outside its shape {list(dims)}")
     dense[indices] = values
     return dense.reshape(dims)
 
@@ -227,9 +282,9 @@ def _constant_value(node: onnx.NodeProto, label: str, where: str) -> np.ndarray:
     attribute = node.attribute[0]
     value = helper.get_attribute_value(attribute)
     if attribute.name == "value":
-        return numpy_helper.to_array(value)
+        return _tensor_value(value, where)
     if attribute.name == "sparse_value":
-        return _sparse_to_dense(value)
+        return _sparse_to_dense(value, where)
     forms = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
              "value_ints": np.int64}
     if attribute.name in forms:
@@ -304,7 +359,12 @@ def load_onnx_graph(source: Any) -> Graph:
 
     initializers = {tensor.name: tensor for tensor in onnx_graph.initializer}
     for name, tensor in initializers.items():
-        graph.create_variable(name, value=numpy_helper.to_array(tensor))
+        graph.create_variable(name, value=_tensor_value(tensor, where))
+    for sparse in onnx_graph.sparse_initializer:
+        if sparse.values.name in graph.variables:
+            raise GraphError(f"{where}: tensor {sparse.values.name!r} is initialized twice")
+        graph.create_variable(sparse.values.name, value=_sparse_to_dense(sparse, where))
+        initializers[sparse.values.name] = sparse
     for graph_input in onnx_graph.input:
         if graph_input.name in initializers:
             continue  # an input with a default value: treated as a parameter

@@ -8,6 +8,7 @@ activation observer, Add alignment) a setting value other than None wins.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 
@@ -18,6 +19,29 @@ from ..platforms.target import TargetPlatform
 _OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
 _EQUALIZATION_CLIP = ("exact", "skip")
+
+
+def _is_kind(value, kind: str) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, {"str": str, "dict": dict}[kind])
+
+
+def _check_type(name: str, annotation: str, value) -> None:
+    """PlatformError naming ``setting.name`` when ``value`` is not of the field's declared type."""
+    kinds = [part.strip() for part in str(annotation).split("|")]
+    if value is None and "None" in kinds:
+        return
+    wanted = [kind for kind in kinds if kind != "None"]
+    if not any(_is_kind(value, kind) for kind in wanted):
+        said = {"bool": "true or false", "int": "an integer", "float": "a finite number", "str": "a string",
+                "dict": "an object"}
+        description = " or ".join([said[kind] for kind in wanted] + (["null"] if "None" in kinds else []))
+        raise PlatformError(f"setting.{name} must be {description}, got {value!r} ({type(value).__name__})")
 
 
 @dataclass
@@ -88,7 +112,10 @@ class QuantizationSetting:
         self.validate()
 
     def validate(self) -> "QuantizationSetting":
-        """Raise PlatformError naming the first bad value."""
+        """Raise PlatformError naming the first bad value: every field has its declared type (booleans are
+        booleans, not strings or numbers), then each field's range."""
+        for item in fields(self):
+            _check_type(item.name, item.type, getattr(self, item.name))
         if self.dispatcher not in _DISPATCHERS:
             raise PlatformError(f"setting.dispatcher {self.dispatcher!r} is unknown; choose one of {_DISPATCHERS}")
         if self.activation_observer is not None and self.activation_observer not in _OBSERVERS:
@@ -100,7 +127,7 @@ class QuantizationSetting:
         if self.equalization_clip not in _EQUALIZATION_CLIP:
             raise PlatformError(f"setting.equalization_clip {self.equalization_clip!r} is unknown; "
                                 f"choose one of {_EQUALIZATION_CLIP}")
-        for name in ("equalization_iterations", "adaround_steps", "adaround_samples",
+        for name in ("search_batches", "equalization_iterations", "adaround_steps", "adaround_samples",
                      "mixed_precision_batches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

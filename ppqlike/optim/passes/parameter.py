@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core import numerics
+from ...core.errors import GraphError
 from ...core.ir import Graph
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.quant_graph import configured_operations, input_config
@@ -39,6 +40,17 @@ def minmax_parameter(config: TensorQuantizationConfig, value: np.ndarray) -> Non
     config.set_scale_offset(scale, offset)
 
 
+def check_finite_parameter(operation, variable) -> None:
+    """GraphError naming the tensor and the op when a parameter holds NaN or Inf (the FP32 model is broken
+    there: no scale can represent it, and the calibration data is not to blame)."""
+    value = np.asarray(variable.value)
+    if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+        bad = int(np.size(value) - np.count_nonzero(np.isfinite(value)))
+        raise GraphError(f"parameter {variable.name!r} of {operation.type} node {operation.name!r} holds {bad} "
+                         f"NaN/Inf value(s) of {np.size(value)}: the FP32 model is broken there; fix or re-export "
+                         "the model (its float outputs are not finite either)")
+
+
 class ParameterQuantizePass(QuantizationOptimizationPass):
     """Quantize weights by min-max of their values."""
 
@@ -52,6 +64,7 @@ class ParameterQuantizePass(QuantizationOptimizationPass):
                 if variable is None or not variable.is_parameter or config is None \
                         or config.state is not QuantizationStates.INITIAL:
                     continue
+                check_finite_parameter(operation, variable)
                 minmax_parameter(config, variable.value)
                 config.state = QuantizationStates.ACTIVATED
                 count += 1
