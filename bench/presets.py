@@ -46,7 +46,7 @@ PRESETS = {
         dict(mean=(103.94, 116.78, 123.68), bgr=True), {"calib": 0.545, "dev": 0.613}, "SqueezeNet 1.1"),
     "mobilenetv2": ModelPreset(
         "mobilenetv2", "mobilenetv2.onnx", "input",
-        dict(scale=1 / 255, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+        dict(scale=255, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
         {"calib": 0.805, "dev": 0.847}, "MobileNetV2"),
 }
 MODEL_NAMES = tuple(PRESETS)

@@ -24,8 +24,21 @@ _PUBLIC_NAMES = {
     "register_pass": "ppqlike.optim.base", "QuantizationOptimizationPass": "ppqlike.optim.base",
     "graphwise_error_analyse": "ppqlike.analysis", "layerwise_error_analyse": "ppqlike.analysis",
     "compare_stages": "ppqlike.analysis",
+    # PPQ's names (``from ppq import *``), over the above: see docs/MIGRATING_FROM_PPQ.md
+    "BaseGraph": "ppqlike.ppq_names", "TorchExecutor": "ppqlike.ppq_names", "ENABLE_CUDA_KERNEL": "ppqlike.ppq_names",
+    "PPQ_CONFIG": "ppqlike.ppq_names", "ppq_warning": "ppqlike.ppq_names",
+    "convert_any_to_numpy": "ppqlike.ppq_names",
+    "TensorQuantizationConfig": "ppqlike.core.quant", "OperationQuantizationConfig": "ppqlike.core.quant",
+    "QuantizationStates": "ppqlike.core.quant", "QuantizationPolicy": "ppqlike.core.quant",
+    "QuantizationProperty": "ppqlike.core.quant", "RoundingPolicy": "ppqlike.core.quant",
+    "QuantizationOptimizationPipeline": "ppqlike.optim.base",
+    **{name: "ppqlike.quantization.optim" for name in (
+        "QuantizeRefinePass", "QuantizeSimplifyPass", "QuantizeFusionPass", "ParameterQuantizePass",
+        "RuntimeCalibrationPass", "PassiveParameterQuantizePass", "QuantAlignmentPass", "ParameterBakingPass",
+        "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaRoundPass")},
 }
-_SUBPACKAGES = frozenset({"core", "io", "executor", "platforms", "optim", "export", "analysis", "cli", "api"})
+_SUBPACKAGES = frozenset({"core", "io", "executor", "platforms", "optim", "export", "analysis", "cli", "api",
+                          "lib", "quantization"})
 
 __all__ = sorted(_PUBLIC_NAMES) + ["__version__"]
 

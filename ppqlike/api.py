@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from .analysis.error import graphwise_error_analyse, layerwise_error_analyse
+from .core.compat import ignore_device, note_once, tolerant_collate
 from .core.errors import CalibrationDataError, GraphError, PlatformError
 from .core.ir import Graph
 from .executor import NumpyExecutor
@@ -20,11 +22,13 @@ from .export.platform import export_for_platform
 from .io import load_onnx_graph
 from .io.import_quantized import import_quantized, is_quantized_model
 from .io.onnx_import import read_model
-from .optim.recipe import build_pipeline, format_for_quantization, resolve_policy
+from .optim.recipe import build_pipeline, effective_setting, format_for_quantization, resolve_policy
 from .optim.setting import QuantizationSetting, QuantizationSettingFactory
 from .platforms.dispatch import dispatch_graph
 from .platforms.quantizer import PlatformQuantizer
 from .platforms.target import TargetPlatform
+from .ppq_names import (BaseGraph, ENABLE_CUDA_KERNEL, PPQ_CONFIG, TorchExecutor, convert_any_to_numpy,
+                        ppq_warning)
 
 
 class _CheckedBatches:
@@ -32,7 +36,7 @@ class _CheckedBatches:
 
     def __init__(self, graph: Graph, dataloader: Iterable, collate_fn: Callable | None,
                  input_shape: Sequence[int] | None, inputs: Any):
-        self.graph, self.dataloader, self.collate_fn = graph, dataloader, collate_fn
+        self.graph, self.dataloader, self.collate_fn = graph, dataloader, tolerant_collate(collate_fn)
         self.input_shape = None if input_shape is None else list(input_shape)
         self.inputs = inputs
 
@@ -85,6 +89,13 @@ class _CheckedBatches:
         return arrays
 
 
+#: ``from ppqlike.api import *`` gives a PPQ script the names ``from ppq.api import *`` gives it
+__all__ = ["BaseGraph", "ENABLE_CUDA_KERNEL", "PPQ_CONFIG", "QuantizationSetting", "QuantizationSettingFactory",
+           "TargetPlatform", "TorchExecutor", "convert_any_to_numpy", "dispatch_graph", "export_ppq_graph",
+           "graphwise_error_analyse", "import_quantized_onnx", "layerwise_error_analyse", "load_onnx_graph",
+           "ppq_warning", "quantize_onnx_model"]
+
+
 def _load(source) -> Graph:
     """The graph of ``source``: imported with its scales when the file is already quantized."""
     model = read_model(source)
@@ -100,7 +111,8 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
                         input_shape: Sequence[int] | None = None,
                         platform: TargetPlatform | str = TargetPlatform.TRT_INT8,
                         setting: QuantizationSetting | None = None, collate_fn: Callable | None = None,
-                        inputs: Any = None, dispatcher: str | None = None, verbose: int = 0) -> Graph:
+                        inputs: Any = None, dispatcher: str | None = None, verbose: int = 0,
+                        device: str | None = None, do_quantize: bool = True, input_dtype: Any = None) -> Graph:
     """Quantize an ONNX model for ``platform`` and return the quantized graph.
 
     ``calib_dataloader`` yields batches (an array for single-input models, or
@@ -110,8 +122,17 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     platform's preset; ``dispatcher`` overrides ``setting.dispatcher``.  The
     graph's ``metadata['quantization']`` records the platform, the setting,
     the dispatch summary and each pass's time and report.
+
+    PPQ's keywords are accepted: ``device`` (computing is numpy on the CPU; noted once), ``input_dtype``
+    (the model's declared input types are used) and ``do_quantize`` (False: the loaded FP32 graph is
+    returned, as PPQ does).
     """
     started = time.perf_counter()
+    ignore_device(device, "quantize_onnx_model")
+    if input_dtype is not None:
+        note_once("quantize_onnx_model: input_dtype is ignored; the model's declared input types are used")
+    if not do_quantize:
+        return onnx_import_file if isinstance(onnx_import_file, Graph) else _load(onnx_import_file)
     platform = TargetPlatform.parse(platform)
     setting = QuantizationSettingFactory.for_platform(platform) if setting is None else setting
     if dispatcher is not None:
@@ -146,6 +167,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     graph.metadata["quantization"] = {
         **graph.metadata.get("quantization", {}),  # what passes recorded (mixed_precision_fp32_ops)
         "platform": platform.name, "setting": setting.to_dict(), "dispatch": summary,
+        "effective_setting": effective_setting(setting, policy),
         "formatting": {k: str(v) for k, v in formatting.items()},
         "passes": [{"name": r.name, "seconds": round(r.seconds, 4), "report": r.report} for r in records],
         "seconds": round(time.perf_counter() - started, 3),
@@ -155,7 +177,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
 
 
 def export_ppq_graph(graph: Graph, platform: TargetPlatform | str, graph_save_to, config_save_to=None,
-                     **options) -> list[str]:
+                     copy_graph: bool = False, **options) -> list[str]:
     """Write a quantized graph for ``platform``; returns the absolute paths written (model first).
 
     Every platform gets a QDQ ONNX model at ``graph_save_to`` that onnxruntime runs and that
@@ -166,7 +188,7 @@ def export_ppq_graph(graph: Graph, platform: TargetPlatform | str, graph_save_to
     ``uint8_activations`` (default: the setting's ``export_*`` values), ``opset``.  Files are
     written atomically and never over the source model.  A platform whose rounding is not half
     to even warns (``ppqlike.export.ExportRoundingWarning``): the QDQ model then differs from the
-    simulation on exact ties.
+    simulation on exact ties.  ``copy_graph`` (PPQ's) changes nothing: exporting never alters the graph.
     """
     return export_for_platform(graph, platform, graph_save_to, config_save_to, stacklevel=3, **options)
 

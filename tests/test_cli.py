@@ -11,7 +11,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -63,11 +65,12 @@ def demo_copy(tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------------------------- demo
-def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
+def test_demo_end_to_end(tmp_path, tmp_path_factory, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("system_temporary")))
     before = _state(DEMO)
     started = time.perf_counter()
-    code, out, err = _run(capsys, "demo", "--quiet")  # default output folder ./ppqlike-demo-out
+    code, out, err = _run(capsys, "demo", "--quiet")  # default output folder: a new temporary one
     seconds = time.perf_counter() - started
     assert code == 0, err
     assert seconds < 15
@@ -79,7 +82,9 @@ def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     assert float(fp32.group(1)) == float(fp32.group(2)) > 0.95
     assert float(int8.group(1)) > 0.95 and abs(float(int8.group(1)) - float(int8.group(2))) <= 0.002
     assert float(agreement.group(1)) >= 0.998
-    folder = tmp_path / "ppqlike-demo-out"
+    assert os.listdir(tmp_path) == []  # nothing in the current folder
+    folder = Path(re.search(r"wrote into (\S+):", out).group(1))
+    assert folder.name.startswith("ppqlike-demo-out-")
     assert sorted(os.listdir(folder)) == ["demo_model.ort_int8.json", "demo_model.ort_int8.onnx", "summary.json"]
     assert str(folder / "demo_model.ort_int8.onnx") in out
     summary = json.loads((folder / "summary.json").read_text())

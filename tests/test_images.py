@@ -40,7 +40,7 @@ def test_normalisation_channel_order_and_layout(tmp_path):
     assert rgb[0, :, 0, 0].tolist() == [10, 20, 30]
     bgr = load_image(path, resize_shorter=None, crop=None, bgr=True, mean=(1, 2, 3))
     assert bgr[0, :, 0, 0].tolist() == [29, 18, 7]
-    scaled = load_image(path, resize_shorter=None, crop=None, scale=0.5, mean=1.0, std=2.0)
+    scaled = load_image(path, resize_shorter=None, crop=None, scale=2.0, mean=1.0, std=2.0)  # (x / 2 - 1) / 2
     np.testing.assert_allclose(scaled[0, :, 0, 0], [2.0, 4.5, 7.0])
     nhwc = load_image(path, resize_shorter=None, crop=None, layout="NHWC")
     assert nhwc.shape == (1, 8, 8, 3) and nhwc[0, 0, 0].tolist() == [10, 20, 30]
@@ -89,8 +89,11 @@ def test_bad_files_and_options(tmp_path):
 def test_missing_pillow_gives_install_hint(tmp_path, monkeypatch):
     path = _save(tmp_path / "x.png", np.zeros((4, 4, 3), np.uint8))
     monkeypatch.setitem(sys.modules, "PIL", None)  # makes `from PIL import Image` raise ImportError
-    with pytest.raises(PPQLikeError, match=r"pip install ppqlike\[images\]"):
+    with pytest.raises(PPQLikeError, match=r"pip install Pillow.*\.\[images\]"):
         load_image(path)
+    from ppqlike.io.calibration_data import CalibrationFolder
+    with pytest.raises(PPQLikeError, match="needs Pillow"):  # when the folder is opened, before any pass runs
+        CalibrationFolder(tmp_path, {"x": ("N", 3, 4, 4)}, batch_size=1)
 
 
 @requires_bench

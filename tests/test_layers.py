@@ -13,7 +13,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 #: top-level part of ppqlike -> its layer (DESIGN.md §1); the package root is lazy and not a layer
 LAYERS = {"core": 1, "io": 2, "executor": 3, "platforms": 4, "optim": 5,
-          "api": 6, "cli": 6, "export": 6, "analysis": 6, "lib": 7, "quantization": 7}
+          "api": 6, "cli": 6, "export": 6, "analysis": 6, "ppq_names": 6, "lib": 7, "quantization": 7}
 
 
 def module_name(path: str) -> str:

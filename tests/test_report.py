@@ -109,8 +109,10 @@ def test_report_structure_bars_and_escaping(analysed, tmp_path):
     for name in ("fusion", "calibration", "baking", "corrected"):
         assert name in text
     assert "TARGET" in text and "fp32_onnx" in text and "ir_float" in text
-    # the worst op comes first in the worst-ten table and in the summary card
-    assert "worst op: conv2" in text
+    # the worst op comes first in the worst-ten table; the summary card names the worst one its consumers see
+    from ppqlike.analysis.report import worst_visible
+    assert graphwise.worst(1)[0][0] == "conv2"
+    assert f"worst op as its consumers see it: {worst_visible(graphwise, graph)[0]}" in text
 
 
 def test_report_without_analysis_and_with_plain_dict(analysed, tmp_path):
@@ -174,3 +176,47 @@ def test_report_renders_in_headless_chromium(analysed, tmp_path):
     assert len(colours) > 20
     assert any(abs(int(r) - 0xd9) < 8 and abs(int(g) - 0x53) < 8 and abs(int(b) - 0x4f) < 8
                for r, g, b in colours), "no red (< 10 dB) bar visible"
+
+
+def test_report_points_where_a_fix_helps_and_says_how_it_measured(tmp_path):
+    """A Conv fused into the Clip after it is judged by the Clip's output (what its consumers read); the
+    agreement cards say how many samples; the settings show the values used; passes appear in the order
+    they ran; the title is the model file."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import ppqlike
+    from ppqlike.analysis import render_report
+    from ppqlike.analysis.report import worst_visible
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((4, 3, 1, 1)).astype(np.float32) * 4  # outputs far beyond the Clip's 0..1
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Clip", ["c", "low", "high"], ["y"], name="clip")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "torch-jit-export", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 4, 4])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.float32(0), "low"),
+         numpy_helper.from_array(np.float32(1), "high")]), opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 10
+    path = tmp_path / "clipped_model.onnx"
+    onnx.save(model, str(path))
+    data = [rng.standard_normal((8, 3, 4, 4)).astype(np.float32)]
+    graph = ppqlike.quantize_onnx_model(str(path), data, platform="TRT_INT8")
+    analysis = graphwise_error_analyse(graph, data, verbose=False)
+    assert analysis["conv"] < analysis["clip"]  # the Conv's own output carries the clipped-away range
+    assert worst_visible(analysis, graph)[0] == "clip"
+    exported = ppqlike.export_ppq_graph(graph, "TRT_INT8", str(tmp_path / "q.onnx"))[0]
+    stages = compare_stages(str(path), graph, exported, data[0])
+    page = render_report(graph, analysis, stages)
+    assert "worst op as its consumers see it: clip" in page
+    cards = page[page.index('<div class="cards">'):][:1500]
+    assert f"FP32 vs exported ({stages['samples']} samples)" in cards, cards
+    assert "clipped_model.onnx" in page.split("</title>")[0] and "torch-jit-export" not in page.split("</h1>")[0]
+    assert "(platform default)" in page and "activation_observer" in page
+    observer = graph.metadata["quantization"]["effective_setting"]["activation_observer"]
+    assert observer == "kl"  # TensorRT's preset, shown instead of None
+    ran = [p["name"] for p in graph.metadata["quantization"]["passes"]]
+    section = page[page.index("What the passes did"):]
+    positions = [section.index(f"<tr><td><b>{name}</b>") for name in ran]
+    assert positions == sorted(positions)
+    assert ppqlike.analysis.write_report  # ppqlike.analysis is an attribute of the package

@@ -37,6 +37,7 @@ from typing import Callable, Iterable
 
 from tqdm.auto import tqdm
 
+from ..core.compat import ignore_device
 from ..core.ir import Graph
 from ..executor import NumpyExecutor
 from ..optim.base import iterate_calibration
@@ -48,7 +49,7 @@ class ErrorAnalysis(dict):
     """op name -> value of ``method``, in graph (topological) order, with the details of the run.
 
     Attributes: ``kind`` ('graphwise' | 'layerwise'), ``method``, ``stats``
-    (op name -> {'snr', 'cosine', 'mse', 'euclidean', 'elements'}),
+    (op name -> {'snr', 'cosine', 'mse', 'euclidean', 'noise_ratio', 'elements'}),
     ``op_types`` (op name -> type), ``samples`` and ``batches`` used,
     ``seconds`` taken.
     """
@@ -121,10 +122,33 @@ def _finish(kind: str, method: str, graph: Graph, stats: dict, samples: int, bat
     return result
 
 
+def _checked_tensors(graph: Graph, names: Iterable[str]) -> list[str]:
+    names = [names] if isinstance(names, str) else list(names)
+    unknown = [n for n in names if n not in graph.variables]
+    if unknown:
+        raise KeyError(f"graph {graph.name!r} has no tensor named {unknown} (interested_outputs)")
+    return names
+
+
+def _producers(graph: Graph, names: Iterable[str]) -> list[str]:
+    """Op names for PPQ's interested_outputs: an op name stays, a tensor name becomes its producer's."""
+    names = [names] if isinstance(names, str) else list(names)
+    found = []
+    for name in names:
+        if name in graph.operations:
+            found.append(name)
+        elif name in graph.variables and graph.variables[name].producer is not None:
+            found.append(graph.variables[name].producer.name)
+        else:
+            raise KeyError(f"graph {graph.name!r} has no op or computed tensor named {name!r} (interested_outputs)")
+    return found
+
+
 def graphwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | None = None, method: str = "snr",
                             collate_fn: Callable | None = None, executor: NumpyExecutor | None = None,
                             verbose: bool = True, operations: Iterable | None = None,
-                            keep_outputs: dict | None = None) -> ErrorAnalysis:
+                            keep_outputs: dict | None = None, running_device=None,
+                            interested_outputs: Iterable[str] | None = None, fetchs=None) -> ErrorAnalysis:
     """Error of every quantized op's output, the whole graph quantized, against the graph run in float.
 
     For each batch (``steps`` batches, all when None) the float graph and the
@@ -138,7 +162,14 @@ def graphwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | Non
     worst first.  Config states are never changed.  ``keep_outputs``, a dict, receives the
     last batch's ``'inputs'`` and graph outputs in float (``'ir_float'``) and quantized
     (``'quantized'``), which :func:`~ppqlike.analysis.compare_stages` can reuse.
+
+    PPQ's keywords: ``running_device`` (ignored: numpy on the CPU), ``interested_outputs`` (tensor or op
+    names: only the ops producing them are measured), ``fetchs`` (ignored: every element is used).
+    ``method='noise_ratio'`` gives PPQ's 'snr' number (noise power / signal power) instead of dB.
     """
+    ignore_device(running_device, "graphwise_error_analyse")
+    if interested_outputs is not None:
+        operations = _producers(graph, interested_outputs)
     method = check_method(method)
     started = time.perf_counter()
     executor = executor or NumpyExecutor(graph)
@@ -168,7 +199,8 @@ def graphwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | Non
 
 def layerwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | None = None, method: str = "snr",
                             collate_fn: Callable | None = None, executor: NumpyExecutor | None = None,
-                            verbose: bool = True, operations: Iterable | None = None) -> ErrorAnalysis:
+                            verbose: bool = True, operations: Iterable | None = None, running_device=None,
+                            interested_outputs: Iterable[str] | None = None, fetchs=None) -> ErrorAnalysis:
     """Error of the graph outputs when only one op is quantized, every other op running in float.
 
     For each analysed op (default every op with a config in effect;
@@ -178,7 +210,10 @@ def layerwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | Non
     ``steps`` batches are used, **one** when None: the cost is about 2 + N/2
     forwards per batch for N ops (the float prefix up to each op is shared, only
     the rest of the graph is run again).  Config states are never changed.
+    PPQ's keywords: ``interested_outputs`` (tensor names compared instead of the graph outputs),
+    ``running_device`` and ``fetchs`` (ignored); ``method='noise_ratio'`` is PPQ's 'snr' number.
     """
+    ignore_device(running_device, "layerwise_error_analyse")
     method = check_method(method)
     started = time.perf_counter()
     executor = executor or NumpyExecutor(graph)
@@ -187,10 +222,12 @@ def layerwise_error_analyse(graph: Graph, dataloader: Iterable, steps: int | Non
     order = [step.operation.name for step in plan.steps if step.operation.name in chosen]  # ops the outputs need
     stats = {name: ErrorStats() for name in order}
     last = max([i for i, step in enumerate(plan.steps) if step.operation.name in stats], default=-1)
-    output_names = [v.name for v in graph.outputs]
+    output_names = [v.name for v in graph.outputs] if interested_outputs is None else \
+        _checked_tensors(graph, interested_outputs)
     steps = 1 if steps is None else steps
     samples = batches = 0
-    bar = tqdm(total=len(order) * steps, desc="layerwise analysis", unit="op", disable=not verbose, leave=False)
+    bar = tqdm(total=len(order) * steps, desc="layerwise analysis", unit="op",
+               disable=None if verbose else True, leave=False)  # no bar in a non-terminal log
     try:
         for batch in iterate_calibration(dataloader, steps, collate_fn, "layerwise analysis", verbose=False):
             inputs = prepare_inputs(executor, plan, batch)

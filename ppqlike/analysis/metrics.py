@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 #: method name -> True when a larger value is better.
-METHODS = {"snr": True, "cosine": True, "mse": False}
+METHODS = {"snr": True, "cosine": True, "mse": False, "noise_ratio": False}
 
 
 def check_method(method: str) -> str:
@@ -97,6 +97,12 @@ class ErrorStats:
             return -math.inf
         return 10.0 * math.log10(self.aa / self.dd)
 
+    def noise_ratio(self) -> float:
+        """Noise power / signal power, sum (a-b)² / sum a² (PPQ's 'snr': 0.1 = 10 % noise); 10^(-snr/10)."""
+        if self.dd == 0.0:
+            return 0.0
+        return math.inf if self.aa == 0.0 else self.dd / self.aa
+
     def cosine(self) -> float:
         if self.aa == 0.0 and self.bb == 0.0:
             return 1.0
@@ -119,9 +125,9 @@ class ErrorStats:
         return getattr(self, check_method(method))()
 
     def as_dict(self) -> dict:
-        """Every measure: {'snr', 'cosine', 'mse', 'euclidean', 'elements'}."""
+        """Every measure: {'snr', 'cosine', 'mse', 'euclidean', 'noise_ratio', 'elements'}."""
         return {"snr": self.snr(), "cosine": self.cosine(), "mse": self.mse(), "euclidean": self.euclidean(),
-                "elements": self.count}
+                "noise_ratio": self.noise_ratio(), "elements": self.count}
 
 
 def snr(a, b) -> float:

@@ -126,7 +126,7 @@ def _num_cell(value: Any, digits: int = 6) -> str:
 
 
 # ----------------------------------------------------------------- sections --
-def _cards(meta: dict, analysis, stages) -> str:
+def _cards(meta: dict, analysis, stages, graph: Graph | None = None) -> str:
     counts = meta.get("dispatch", {}).get("counts", {})
     cards = [(meta.get("platform", "?"), "platform"),
              (f"{counts.get('TARGET', 0)} / {counts.get('FP32', 0)} / {counts.get('SOI', 0)}",
@@ -134,15 +134,17 @@ def _cards(meta: dict, analysis, stages) -> str:
     if "seconds" in meta:
         cards.append((f"{meta['seconds']:.1f} s", "quantization time"))
     if analysis:
-        name, value = _worst(analysis)
+        name, value = worst_visible(analysis, graph)
         unit = " dB" if _measure(analysis) == "snr" else ""
-        cards.append((f"{_number(value, 4)}{unit}", f"worst op: {name}"))
+        cards.append((f"{_number(value, 4)}{unit}", f"worst op as its consumers see it: {name}"))
     for row in (stages or {}).get("rows", []):
         if row.get("reference") == "fp32_onnx" and row.get("measured") in ("exported", "quantized") \
                 and "sqnr" in row:
-            cards.append((f"{_number(row['sqnr'], 4)} dB", f"output SQNR, FP32 vs {row['measured']}"))
+            count = f" ({stages.get('samples', '?')} samples)"
+            cards.append((f"{_number(row['sqnr'], 4)} dB", f"output SQNR, FP32 vs {row['measured']}{count}"))
             if "top1_agreement" in row:
-                cards.append((f"{row['top1_agreement']:.3f}", f"top-1 agreement, FP32 vs {row['measured']}"))
+                cards.append((f"{row['top1_agreement']:.3f}",
+                              f"top-1 agreement, FP32 vs {row['measured']}{count}"))
             break
     return '<div class="cards">' + "".join(f"<div class=\"card\"><b>{_e(v)}</b><span>{_e(k)}</span></div>"
                                            for v, k in cards) + "</div>"
@@ -152,17 +154,37 @@ def _measure(analysis) -> str:
     return getattr(analysis, "method", "snr")
 
 
-def _worst(analysis) -> tuple[str, float]:
-    if hasattr(analysis, "worst"):
-        return analysis.worst(1)[0]
-    larger_is_better = _measure(analysis) in ("snr", "cosine")
-    items = [(n, v) for n, v in analysis.items() if v is not None and not math.isnan(v)] or list(analysis.items())
-    return (min if larger_is_better else max)(items, key=lambda item: item[1])
+def _fused_into_successor(graph: Graph | None, name: str) -> bool:
+    """Whether op ``name``'s output grid belongs to the activation after it (OVERLAPPED output config): its
+    own output is never what a consumer reads (a Clip after it removes what lies outside the range)."""
+    operation = graph.operations.get(name) if graph is not None else None
+    if operation is None or operation.config is None or not operation.config.output_quantization_config:
+        return False
+    first = operation.config.output_quantization_config[0]
+    return first is not None and first.state.name == "OVERLAPPED"
+
+
+def worst_visible(analysis, graph: Graph | None = None) -> tuple[str, float]:
+    """The worst op by the error its consumers see: ops fused into the activation after them are judged by
+    that activation's output (the headline points where a fix helps)."""
+    if hasattr(analysis, "sorted_items"):
+        ranked = analysis.sorted_items()
+    else:
+        larger_is_better = _measure(analysis) in ("snr", "cosine")
+        ranked = sorted(((n, v) for n, v in analysis.items() if v is not None and not math.isnan(v)),
+                        key=lambda item: item[1], reverse=not larger_is_better) or list(analysis.items())
+    visible = [item for item in ranked if not _fused_into_successor(graph, item[0])]
+    return (visible or ranked)[0]
 
 
 def _settings(meta: dict) -> str:
-    setting = meta.get("setting") or {}
-    pairs = [(_e(k), render_value(v)) for k, v in setting.items()]
+    """The setting as it ran: where it said None (the platform's default) the value used is shown."""
+    effective = meta.get("effective_setting") or {}
+    defaults = set(effective.get("platform_defaults", []))
+    setting = {k: (effective[k] if k in defaults and k in effective else v)
+               for k, v in (meta.get("setting") or {}).items()}
+    pairs = [(_e(k), render_value(v) + (' <span class="muted">(platform default)</span>' if k in defaults else ""))
+             for k, v in setting.items()]
     half = (len(pairs) + 1) // 2
     rows = []
     for index in range(half):  # two key/value pairs per row: the setting has some 30 keys
@@ -270,7 +292,7 @@ def _passes(meta: dict) -> str:
     else:
         html.append('<p class="sub">No accuracy pass ran (core pipeline only).</p>')
     rows = []
-    for record in accuracy + [p for p in passes if p.get("name") in CORE_PASSES]:
+    for record in passes:  # in the order they ran
         tag = "" if record.get("name") in CORE_PASSES else ' <span class="tag">accuracy</span>'
         rows.append([f"<b>{_e(record.get('name'))}</b>{tag}", _num_cell(record.get("seconds"), 4),
                      render_value(record.get("report") or {})])
@@ -284,11 +306,12 @@ def render_report(graph: Graph, analysis=None, stages: dict | None = None, extra
                   layerwise=None, title: str | None = None) -> str:
     """The report as one HTML string (see the module docstring)."""
     meta = graph.metadata.get("quantization") or {}
-    name = title or f"ppqlike quantization report \u2014 {graph.name}"
+    source = meta.get("source")
+    name = title or f"ppqlike quantization report \u2014 {os.path.basename(source) if source else graph.name}"
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     body = [f"<h1>{_e(name)}</h1>",
             f"<p class=\"sub\">{_e(len(graph.operations))} ops; generated {_e(stamp)} by ppqlike.</p>",
-            _cards(meta, analysis, stages), _settings(meta), _dispatch(meta),
+            _cards(meta, analysis, stages, graph), _settings(meta), _dispatch(meta),
             _error_section(analysis, "Per-layer error (graph-wise)",
                            "Each quantized op's output with the whole graph quantized, against the same graph in "
                            "float.", graph),

@@ -17,7 +17,7 @@ import numpy as np
 from ..core.ir import Graph
 from ..executor import NumpyExecutor
 from .error import graphwise_error_analyse
-from .report import write_report
+from .report import worst_visible, write_report
 from .stages import compare_stages
 
 
@@ -88,4 +88,4 @@ def quick_report(path, graph: Graph, source_model=None, exported_model=None, dat
         facts["analysis errors"] = errors
     written = write_report(path, graph, analysis=analysis, stages=stages, extra=facts)
     return {"path": written, "seconds": round(time.perf_counter() - started, 3),
-            "worst": analysis.worst(1)[0] if analysis else None, "errors": errors}
+            "worst": worst_visible(analysis, graph) if analysis else None, "errors": errors}

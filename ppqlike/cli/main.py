@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import tempfile
 import threading
 import time
 from importlib import resources
@@ -72,7 +73,8 @@ def run_demo(args: argparse.Namespace) -> int:
     model_path = _data_path("demo_model.onnx")
     names = {"model": f"demo_model.{platform.name.lower()}.onnx",
              "config": f"demo_model.{platform.name.lower()}.json", "summary": "summary.json"}
-    output = OutputFolder(args.out, protect=(model_path,))
+    out = args.out if args.out is not None else tempfile.mkdtemp(prefix=DEMO_OUT + "-")
+    output = OutputFolder(out, protect=(model_path,))
     output.check(list(names.values()))
     images, labels = load_demo_data("test")
     calibration, _ = load_demo_data("calibration")
@@ -119,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantize_parser(commands)
     demo = commands.add_parser("demo", help="quantize the embedded digits model end to end and compare",
                                description=run_demo.__doc__)
-    demo.add_argument("--out", default=DEMO_OUT, metavar="DIR",
-                      help=f"output folder (default ./{DEMO_OUT})")
+    demo.add_argument("--out", default=None, metavar="DIR",
+                      help="output folder (default: a new temporary folder, printed at the end; never the "
+                           "current folder)")
     demo.add_argument("--platform", default=DEMO_PLATFORM,
                       help=f"target platform (default {DEMO_PLATFORM.lower()}: its QDQ export matches the "
                            "simulation exactly)")

@@ -41,7 +41,7 @@ after resizing the shorter side to --resize (bilinear), centre-cropping to
 --crop, and RGB -> BGR with --bgr (mean/std are then in BGR order).
 ImageNet-style:  --resize 256 --crop 224 --scale 255 --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225
 Caffe-style raw pixel means: --bgr --mean 103.94,116.78,123.68
-(ppqlike.io.images.load_image takes scale as a multiplier: its scale= is 1/--scale.)
+(ppqlike.io.images.load_image's scale= is the same divisor as --scale.)
 """
 
 
@@ -190,7 +190,7 @@ def build_setting(args, platform):
 
 def image_options(args) -> dict:
     return {"resize_shorter": args.resize, "crop": args.crop, "mean": args.mean, "std": args.std,
-            "scale": 1.0 / args.scale, "bgr": args.bgr, "layout": args.layout}
+            "scale": args.scale, "bgr": args.bgr, "layout": args.layout}
 
 
 def open_calibration(folder: str, graph, batch_size: int, input_shape, options: dict):

@@ -97,6 +97,29 @@ class Operation:
         return f"<{self.type} {self.name} ({ins}) -> ({outs})>"
 
 
+class VariableList(list):
+    """The graph's inputs or outputs, in order: a list of Variables that also answers PPQ's dict reads
+    (``graph.inputs.items()``, ``.keys()``, ``.values()``, ``graph.inputs[name]``), where PPQ's graph
+    holds name -> Variable."""
+
+    def keys(self) -> list[str]:
+        return [variable.name for variable in self]
+
+    def values(self) -> list["Variable"]:
+        return list(self)
+
+    def items(self) -> list[tuple[str, "Variable"]]:
+        return [(variable.name, variable) for variable in self]
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            for variable in self:
+                if variable.name == key:
+                    return variable
+            raise KeyError(key)
+        return super().__getitem__(key)
+
+
 class Graph(GraphAlgorithms):
     """A dataflow graph of operations and variables, with a consistent editing API.
 
@@ -109,10 +132,26 @@ class Graph(GraphAlgorithms):
         self.opset = opset
         self.operations: dict[str, Operation] = {}
         self.variables: dict[str, Variable] = {}
-        self.inputs: list[Variable] = []
-        self.outputs: list[Variable] = []
+        self.inputs = VariableList()
+        self.outputs = VariableList()
         self.metadata: dict[str, Any] = {}
         self.revision = 0  # bumped by every structural edit; executors recompile when it changes
+
+    @property
+    def inputs(self) -> VariableList:
+        return self._inputs
+
+    @inputs.setter
+    def inputs(self, variables) -> None:
+        self._inputs = VariableList(variables)
+
+    @property
+    def outputs(self) -> VariableList:
+        return self._outputs
+
+    @outputs.setter
+    def outputs(self, variables) -> None:
+        self._outputs = VariableList(variables)
 
     # ------------------------------------------------------------ naming --
     def unique_name(self, prefix: str) -> str:
@@ -367,6 +406,15 @@ class Graph(GraphAlgorithms):
     def __repr__(self) -> str:
         return f"<Graph {self.name}: {len(self.operations)} ops, {len(self.variables)} variables>"
 
+    def __reduce__(self):
+        """Pickle as flat tables (the linked graph nests too deeply for pickle's recursion); configs and
+        platforms travel as they are, shared config objects stay shared."""
+        variables = [(v.name, v.value, v.shape, v.dtype) for v in self.variables.values()]
+        operations = [(op.name, op.type, op.attributes, op.domain, [None if v is None else v.name for v in op.inputs],
+                       [v.name for v in op.outputs], op.platform, op.config) for op in self.operations.values()]
+        return (_graph_from_tables, (self.name, self.opset, self.metadata, self.revision, variables, operations,
+                                     [v.name for v in self.inputs], [v.name for v in self.outputs]))
+
     # ----------------------------------------------------------- helpers --
     def _own_operation(self, operation: Operation) -> None:
         if self.operations.get(operation.name) is not operation:
@@ -375,3 +423,20 @@ class Graph(GraphAlgorithms):
     def _own_variable(self, variable: Variable) -> None:
         if self.variables.get(variable.name) is not variable:
             raise GraphError(f"variable {variable.name!r} is not part of graph {self.name!r}")
+
+
+def _graph_from_tables(name, opset, metadata, revision, variables, operations, inputs, outputs) -> Graph:
+    """The graph :meth:`Graph.__reduce__` flattened."""
+    graph = Graph(name, opset)
+    graph.metadata = metadata
+    for variable_name, value, shape, dtype in variables:
+        graph.create_variable(variable_name, value=value, shape=shape, dtype=dtype)
+    table = graph.variables
+    for op_name, op_type, attributes, domain, reads, writes, platform, config in operations:
+        operation = graph.create_operation(op_type, [None if n is None else table[n] for n in reads],
+                                           [table[n] for n in writes], attributes, op_name, domain)
+        operation.platform, operation.config = platform, config
+    graph.inputs = [table[n] for n in inputs]
+    graph.outputs = [table[n] for n in outputs]
+    graph.revision = revision
+    return graph

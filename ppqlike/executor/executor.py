@@ -75,6 +75,24 @@ class NumpyExecutor:
         self._plan_revision = -1
         self.compile()
 
+    # ------------------------------------------------- PPQ's call shapes --
+    def __call__(self, inputs: Any, output_names: Sequence[str] | None = None) -> list[np.ndarray]:
+        """``executor(data)`` as in PPQ: :meth:`forward`."""
+        return self.forward(inputs, output_names)
+
+    def load_graph(self, graph: Graph) -> "NumpyExecutor":
+        """Run ``graph`` from now on (PPQ's ``load_graph``); kernels and plans are rebuilt."""
+        self.graph = graph
+        self._kernels.clear()
+        self._plans.clear()
+        self._plan_revision = -1
+        self.compile()
+        return self
+
+    def tracing_operation_meta(self, inputs: Any = None, output_names: Sequence[str] | None = None) -> None:
+        """PPQ's shape tracing: here it only compiles the plan (shapes are known from the data when it runs)."""
+        self.compile(output_names)
+
     # ----------------------------------------------------------- planning --
     def compile(self, output_names: Sequence[str] | None = None) -> _Plan:
         """Compile (or fetch) the plan computing ``output_names`` (graph outputs by default).

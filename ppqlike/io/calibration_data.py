@@ -41,7 +41,7 @@ import numpy as np
 
 from ..core.errors import CalibrationDataError
 from .files import check_allocation
-from .images import IMAGE_SUFFIXES, load_image
+from .images import IMAGE_SUFFIXES, load_image, require_pillow
 
 #: Suffixes of array files (compared case-insensitively).
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -180,6 +180,8 @@ class CalibrationFolder:
             warnings.warn(f"calibration folder {self.folder!r}: skipped {len(others)} file(s) that are neither "
                           f"images nor .npy/.npz: {shown}", CalibrationDataWarning, stacklevel=2)
         self.kind = "images" if images else "arrays"
+        if images:
+            require_pillow()  # now, not after the passes started
         if self.kind == "images":
             self.files = images
             self.image_options = self._image_options(dict(image_options or {}))

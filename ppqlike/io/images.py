@@ -2,7 +2,8 @@
 
 Used by real-model tests, benchmarks and the command line to turn JPEG/PNG
 files into model inputs: resize the shorter side (bilinear), centre-crop,
-convert to RGB (or BGR), then ``(x * scale - mean) / std`` per channel, where
+convert to RGB (or BGR), then ``(x / scale - mean) / std`` per channel (as the command line's
+``--scale``), where
 x is the 0..255 pixel value.  Pillow is imported only when an image is read.
 """
 
@@ -24,9 +25,14 @@ def _pillow():
     try:
         from PIL import Image
     except ImportError:
-        raise PPQLikeError("reading images needs Pillow, which is not installed; "
-                           "run `pip install ppqlike[images]` (or `pip install Pillow`)") from None
+        raise PPQLikeError("reading images needs Pillow, which is not installed; run `pip install Pillow` "
+                           "(or `pip install \".[images]\"` in a ppqlike checkout)") from None
     return Image
+
+
+def require_pillow() -> None:
+    """PPQLikeError with the install hint when Pillow is missing: called before any work starts."""
+    _pillow()
 
 
 def _per_channel(value, name: str) -> np.ndarray:
@@ -52,6 +58,8 @@ def load_image(path: str | os.PathLike, resize_shorter: int | None = 256, crop: 
     mean_array, std_array = _per_channel(mean, "mean"), _per_channel(std, "std")
     if np.any(std_array == 0):
         raise PPQLikeError(f"image std must not be zero, got {std!r}")
+    if not (isinstance(scale, (int, float, np.number)) and np.isfinite(scale) and scale > 0):
+        raise PPQLikeError(f"image scale is a divisor (x / scale, e.g. 255) and must be > 0, got {scale!r}")
     image_module = _pillow()
     try:
         with image_module.open(os.fspath(path)) as image:
@@ -78,7 +86,7 @@ def load_image(path: str | os.PathLike, resize_shorter: int | None = 256, crop: 
         raise PPQLikeError(f"cannot read image {os.fspath(path)!r}: {error}") from None
     if bgr:
         pixels = pixels[..., ::-1]
-    pixels = (pixels * np.float32(scale) - mean_array) / std_array
+    pixels = (pixels / np.float32(scale) - mean_array) / std_array
     if layout == "NCHW":
         pixels = pixels.transpose(2, 0, 1)
     return np.ascontiguousarray(pixels[None], dtype=np.float32)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
+from ..core.compat import tolerant_collate
 from ..core.errors import CalibrationDataError, PlatformError
 from ..core.ir import Graph
 
@@ -145,6 +146,7 @@ def iterate_calibration(dataloader: Iterable, calib_steps: int | None = None,
     """
     if dataloader is None:
         raise CalibrationDataError(f"{description} needs calibration data, but no dataloader was given")
+    collate_fn = tolerant_collate(collate_fn)  # PPQ's device moves on numpy batches are skipped
     total = calib_steps
     if total is None:
         try:
@@ -163,7 +165,8 @@ def iterate_calibration(dataloader: Iterable, calib_steps: int | None = None,
                 f"calib_steps is {calib_steps} but the dataloader holds only {available} batches; "
                 f"lower calib_steps to at most {available} or give more data")
     seen = 0
-    with tqdm(total=total, desc=description, unit="batch", disable=not verbose, leave=False) as bar:
+    # disable=None: no bar when stderr is not a terminal (a log file), where bars and lines would run together
+    with tqdm(total=total, desc=description, unit="batch", disable=None if verbose else True, leave=False) as bar:
         for batch in dataloader:
             if calib_steps is not None and seen >= calib_steps:
                 break

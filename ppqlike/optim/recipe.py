@@ -40,6 +40,19 @@ def resolve_policy(platform, setting: QuantizationSetting) -> PlatformPolicy:
     return policy.with_changes(**changes) if changes else policy
 
 
+def effective_setting(setting: QuantizationSetting, policy: PlatformPolicy) -> dict:
+    """The setting as it ran: each None ("the platform's default") replaced by the value used, as
+    ``{key: value}`` plus ``'platform_defaults'``, the keys whose value came from the platform."""
+    values = setting.to_dict()
+    used = {"activation_observer": policy.activation.observer, "weight_per_channel": policy.weight.per_channel,
+            "add_alignment": policy.add_alignment, "export_uint8_activations": False,
+            "export_qdq_per_consumer": False, "export_uint8_weights": policy.runtime_kernels == "onnxruntime"}
+    defaults = sorted(key for key, value in used.items() if values.get(key) is None)
+    for key in defaults:
+        values[key] = used[key]
+    return {**values, "platform_defaults": defaults}
+
+
 def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose: int = 0,
                    registry=DEFAULT_PASS_REGISTRY) -> QuantizationOptimizationPipeline:
     """The pipeline for ``policy`` and ``setting``, with the registered user passes placed in it."""
@@ -56,7 +69,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
         # calibrated on the network as it will run (4-bit weights change the activations a lot)
         passes.append(AdaroundPass(steps=setting.adaround_steps, samples=setting.adaround_samples,
                                    inputs="float", verbose=verbose > 0))
-    passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0),
+    passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0,
+                                      backend=setting.calibration_backend, workers=setting.calibration_workers),
                QuantizationAlignmentPass(setting.concat_alignment, policy.add_alignment),
                PassiveParameterQuantizePass()]
     if setting.bias_correction:  # measures the error of the weights as they will be baked

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from ..core.errors import PlatformError
 from ..io.files import atomic_write_bytes, read_json
 from ..platforms.target import TargetPlatform
+from .ppq_setting import DispatchingTable, PPQSettingViews
 
 _OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
@@ -45,7 +46,7 @@ def _check_type(name: str, annotation: str, value) -> None:
 
 
 @dataclass
-class QuantizationSetting:
+class QuantizationSetting(PPQSettingViews):
     """Every option of a quantization run.  Defaults are what most users want.
 
     Formatting: ``fold_constants``, ``fold_batchnorm``, ``remove_identity``,
@@ -54,7 +55,9 @@ class QuantizationSetting:
     ``activation_observer`` (None: the platform's default),
     ``weight_per_channel`` (None: the platform's), ``add_alignment`` (None:
     the platform's; 'none' | 'larger' | 'output'), ``concat_alignment``,
-    ``search_batches`` (batches the TPU-style search evaluates on).
+    ``search_batches`` (batches the TPU-style search evaluates on);
+    ``calibration_backend`` 'local' or 'ray' with ``calibration_workers`` Ray workers (the
+    batches sharded, the observers merged exactly: the same scales as 'local').
     Accuracy passes, all off by default: ``equalization`` (cross-layer
     equalization before parameter quantization; ``equalization_iterations``
     sweeps, ``equalization_clip`` 'exact' | 'skip' says how pairs through
@@ -83,7 +86,7 @@ class QuantizationSetting:
     fold_bias_add: bool = True
     fold_pad: bool = True
     dispatcher: str = "conservative"
-    dispatching_table: dict = field(default_factory=dict)
+    dispatching_table: dict = field(default_factory=DispatchingTable)
     fusion: bool = True
     simplify: bool = True
     activation_observer: str | None = None
@@ -91,6 +94,8 @@ class QuantizationSetting:
     add_alignment: str | None = None
     concat_alignment: bool = True
     search_batches: int = 1
+    calibration_backend: str = "local"
+    calibration_workers: int = 2
     equalization: bool = False
     equalization_iterations: int = 10
     equalization_clip: str = "exact"
@@ -127,8 +132,11 @@ class QuantizationSetting:
         if self.equalization_clip not in _EQUALIZATION_CLIP:
             raise PlatformError(f"setting.equalization_clip {self.equalization_clip!r} is unknown; "
                                 f"choose one of {_EQUALIZATION_CLIP}")
-        for name in ("search_batches", "equalization_iterations", "adaround_steps", "adaround_samples",
-                     "mixed_precision_batches"):
+        if self.calibration_backend not in ("local", "ray"):
+            raise PlatformError(f"setting.calibration_backend {self.calibration_backend!r} is unknown; choose "
+                                "'local' or 'ray'")
+        for name in ("search_batches", "calibration_workers", "equalization_iterations", "adaround_steps",
+                     "adaround_samples", "mixed_precision_batches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlatformError(f"setting.{name} must be a positive integer, got {value!r}")
@@ -205,6 +213,23 @@ class QuantizationSettingFactory:
     @staticmethod
     def academic_setting() -> QuantizationSetting:
         return QuantizationSetting(dispatcher="aggressive")
+
+    # PPQ's factory names, for the platforms its presets are made for
+    @classmethod
+    def pplcuda_setting(cls) -> QuantizationSetting:
+        return cls.for_platform(TargetPlatform.PPL_CUDA_INT8)
+
+    @classmethod
+    def nxp_setting(cls) -> QuantizationSetting:
+        return cls.for_platform(TargetPlatform.NXP_INT8)
+
+    @classmethod
+    def fpga_setting(cls) -> QuantizationSetting:
+        return cls.for_platform(TargetPlatform.FPGA_INT8)
+
+    @classmethod
+    def ncnn_setting(cls) -> QuantizationSetting:
+        return cls.for_platform(TargetPlatform.NCNN_INT8)
 
     @classmethod
     def for_platform(cls, platform) -> QuantizationSetting:

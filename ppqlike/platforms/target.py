@@ -30,6 +30,36 @@ class TargetPlatform(Enum):
     SOI = "SOI"                      # internal: shape or index, never quantized
     UNSPECIFIED = "UNSPECIFIED"      # internal: not decided yet
 
+    # PPQ's names for platforms whose policy one of the above is (aliases: the same member)
+    ONNXRUNTIME = "ORT_INT8"         # PPQ's onnxruntime QDQ export
+    OPENVINO_INT8 = "ORT_INT8"       # asymmetric per-tensor activations, symmetric per-channel weights
+    RKNN_INT8 = "ORT_INT8"           # asymmetric per-tensor activations, symmetric per-channel weights
+    NCNN_INT8 = "TRT_INT8"           # symmetric per-tensor activations, symmetric per-channel weights
+    PPL_DSP_INT8 = "DSP_INT8"        # asymmetric per tensor
+    SNPE_INT8 = "DSP_INT8"
+    QNN_DSP_INT8 = "DSP_INT8"
+    HEXAGON_INT8 = "DSP_INT8"
+    PPL_DSP_TI_INT8 = "TIDL_INT8"    # power-of-2 scales
+    FPGA_INT8 = "NXP_INT8"           # power-of-2 symmetric per tensor
+
+    # PPQ's platforms ppqlike has no policy for: they exist (so PPQ scripts that name them load) and using
+    # one raises a PlatformError naming the closest supported platform (see PPQ_UNSUPPORTED)
+    TRT_FP8 = "PPQ:TRT_FP8"
+    GRAPHCORE_FP8 = "PPQ:GRAPHCORE_FP8"
+    FP8 = "PPQ:FP8"
+    FP16 = "PPQ:FP16"
+    BF16 = "PPQ:BF16"
+    PPL_CUDA_FP16 = "PPQ:PPL_CUDA_FP16"
+    PPL_CUDA_INT4 = "PPQ:PPL_CUDA_INT4"
+    PPL_CUDA_MIX = "PPQ:PPL_CUDA_MIX"
+    ACADEMIC_INT4 = "PPQ:ACADEMIC_INT4"
+    ACADEMIC_MIX = "PPQ:ACADEMIC_MIX"
+    TENGINE_INT8 = "PPQ:TENGINE_INT8"
+    MNN_INT8 = "PPQ:MNN_INT8"
+    METAX_INT8_C = "PPQ:METAX_INT8_C"
+    METAX_INT8_T = "PPQ:METAX_INT8_T"
+    HOST_INT8 = "PPQ:HOST_INT8"
+
     @classmethod
     def parse(cls, value: "TargetPlatform | str") -> "TargetPlatform":
         """The member for ``value``: a member, or its name in any case ("trt_int8", "TRT-INT8").
@@ -37,24 +67,52 @@ class TargetPlatform(Enum):
         Raises PlatformError listing the valid names for anything else.
         """
         if isinstance(value, cls):
-            return value
+            return value.check_supported()
         if isinstance(value, str):
             key = value.strip().upper().replace("-", "_")
             if key in cls.__members__:
-                return cls[key]
-        valid = ", ".join(name for name, member in cls.__members__.items() if member not in _INTERNAL)
+                return cls[key].check_supported()
+        valid = ", ".join(member.name for member in QUANTIZED_PLATFORMS)
         raise PlatformError(f"unknown target platform {value!r}; valid names are: {valid}")
 
     @property
     def is_quantized(self) -> bool:
-        """True for the quantized back ends, False for FP32, SOI and UNSPECIFIED."""
-        return self not in _INTERNAL
+        """True for the quantized back ends, False for FP32, SOI, UNSPECIFIED and PPQ's unsupported names."""
+        return self not in _INTERNAL and self not in PPQ_UNSUPPORTED
+
+    def check_supported(self) -> "TargetPlatform":
+        """The member itself, or PlatformError for a PPQ platform ppqlike has no policy for."""
+        if self in PPQ_UNSUPPORTED:
+            closest, why = PPQ_UNSUPPORTED[self]
+            raise PlatformError(f"{self.name} is a PPQ platform ppqlike does not implement ({why}); the closest "
+                                f"ppqlike platform is {closest.name}")
+        return self
 
 
 _INTERNAL = frozenset({TargetPlatform.FP32, TargetPlatform.SOI, TargetPlatform.UNSPECIFIED})
 
-#: Every quantized platform, in declaration order.
-QUANTIZED_PLATFORMS = tuple(p for p in TargetPlatform if p not in _INTERNAL)
+_T = TargetPlatform
+#: PPQ platform -> (the closest ppqlike platform, why it is not the same)
+PPQ_UNSUPPORTED = {
+    _T.TRT_FP8: (_T.TRT_INT8, "FP8 formats are not simulated"),
+    _T.GRAPHCORE_FP8: (_T.TRT_INT8, "FP8 formats are not simulated"),
+    _T.FP8: (_T.TRT_INT8, "FP8 formats are not simulated"),
+    _T.FP16: (_T.FP32, "half precision is not a quantization target here"),
+    _T.BF16: (_T.FP32, "bfloat16 is not a quantization target here"),
+    _T.PPL_CUDA_FP16: (_T.PPL_CUDA_INT8, "half precision is not a quantization target here"),
+    _T.PPL_CUDA_INT4: (_T.ACADEMIC_W4A8, "4-bit activations are not a policy here"),
+    _T.PPL_CUDA_MIX: (_T.PPL_CUDA_INT8, "use setting.mixed_precision_target_cosine for mixed precision"),
+    _T.ACADEMIC_INT4: (_T.ACADEMIC_W4A8, "4-bit activations are not a policy here"),
+    _T.ACADEMIC_MIX: (_T.ACADEMIC_INT8, "use setting.mixed_precision_target_cosine for mixed precision"),
+    _T.TENGINE_INT8: (_T.TRT_INT8, "Tengine's export format is not written"),
+    _T.MNN_INT8: (_T.TRT_INT8, "MNN's export format is not written"),
+    _T.METAX_INT8_C: (_T.TRT_INT8, "MetaX's export format is not written"),
+    _T.METAX_INT8_T: (_T.DSP_INT8, "MetaX's export format is not written"),
+    _T.HOST_INT8: (_T.ACADEMIC_INT8, "PPQ's host quantizer is not reproduced"),
+}
+
+#: Every quantized platform ppqlike implements, in declaration order.
+QUANTIZED_PLATFORMS = tuple(p for p in TargetPlatform if p.is_quantized)
 
 
 def is_quantized_platform(platform: "TargetPlatform | str") -> bool:

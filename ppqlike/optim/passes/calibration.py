@@ -46,6 +46,12 @@ class _ObserverHook(OperationHook):
             observer.observe(outputs[slot])
 
 
+def _checked(batches: Iterable, graph: Graph):
+    for batch in batches:
+        _check_finite(batch, f"graph {graph.name!r}")
+        yield batch
+
+
 def _check_finite(batch, description: str) -> None:
     arrays = batch.values() if isinstance(batch, dict) else (batch if isinstance(batch, (list, tuple)) else [batch])
     for array in arrays:
@@ -55,49 +61,86 @@ def _check_finite(batch, description: str) -> None:
                                        "clean the data before calibrating")
 
 
+def watched_observers(graph: Graph) -> list[tuple[TensorQuantizationConfig, object, Operation, str, int]]:
+    """(config, a new observer of it, op, 'input' | 'output', slot) for every activation config to calibrate
+    (INITIAL, computed at run time), in graph order: the same list on any copy of the graph."""
+    observers = []
+    for operation in configured_operations(graph):
+        for index, variable in enumerate(operation.inputs):
+            config = input_config(operation, index)
+            if variable is not None and not variable.is_parameter and config is not None \
+                    and config.state is S.INITIAL:
+                observers.append((config, make_observer(config), operation, "input", index))
+        for index, variable in enumerate(operation.outputs):
+            config = output_config(operation, index)
+            if config is not None and config.state is S.INITIAL:
+                observers.append((config, make_observer(config), operation, "output", index))
+    return observers
+
+
+def observer_hook(observers: list) -> _ObserverHook:
+    inputs_watch: dict[str, list] = {}
+    outputs_watch: dict[str, list] = {}
+    for _, observer, operation, side, index in observers:
+        (inputs_watch if side == "input" else outputs_watch).setdefault(operation.name, []).append((index, observer))
+    return _ObserverHook(inputs_watch, outputs_watch)
+
+
+def observe_shard(graph: Graph, batches: list) -> list:
+    """The observers of ``graph``'s activations (see :func:`watched_observers`) fed ``batches``: what one worker
+    of the distributed backend computes on its shard (``ppqlike.optim.distributed``)."""
+    observers = watched_observers(graph)
+    hook, executor = observer_hook(observers), NumpyExecutor(graph)
+    for batch in batches:
+        executor.forward(batch, hooks=[hook])
+    return [observer for _, observer, *_ in observers]
+
+
 class RuntimeCalibrationPass(QuantizationOptimizationPass):
-    """Observe activations on calibration data and render their scales."""
+    """Observe activations on calibration data and render their scales.
+
+    ``backend``: 'local' (this process, batch after batch) or 'ray' (the batches sharded over ``workers``
+    Ray workers, each observing its shard; the observers' states are merged here, exactly: the scales are
+    those of the local run, bit for bit; see ``ppqlike.optim.distributed``).
+    """
 
     name = "calibration"
 
-    def __init__(self, search_batches: int = 1, verbose: bool = True):
+    def __init__(self, search_batches: int = 1, verbose: bool = True, backend: str = "local", workers: int = 2):
         self.search_batches = search_batches
         self.verbose = verbose
+        self.backend, self.workers = backend, workers
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
         executor = executor or NumpyExecutor(graph)
-        inputs_watch: dict[str, list] = {}
-        outputs_watch: dict[str, list] = {}
-        observers: list[tuple[TensorQuantizationConfig, object, Operation, str, int]] = []
-        for operation in configured_operations(graph):
-            for index, variable in enumerate(operation.inputs):
-                config = input_config(operation, index)
-                if variable is not None and not variable.is_parameter and config is not None \
-                        and config.state is S.INITIAL:
-                    observer = make_observer(config)
-                    inputs_watch.setdefault(operation.name, []).append((index, observer))
-                    observers.append((config, observer, operation, "input", index))
-            for index, variable in enumerate(operation.outputs):
-                config = output_config(operation, index)
-                if config is not None and config.state is S.INITIAL:
-                    observer = make_observer(config)
-                    outputs_watch.setdefault(operation.name, []).append((index, observer))
-                    observers.append((config, observer, operation, "output", index))
+        observers = watched_observers(graph)
         if not observers:
             return {"observed": 0}
-        hook = _ObserverHook(inputs_watch, outputs_watch)
+        workers_report = {}
         first_batches = []
-        for batch in iterate_calibration(dataloader, calib_steps, collate_fn, "calibration", self.verbose):
-            _check_finite(batch, f"graph {graph.name!r}")
-            executor.forward(batch, hooks=[hook])
-            if len(first_batches) < self.search_batches:
-                first_batches.append(batch)
+        batches = iterate_calibration(dataloader, calib_steps, collate_fn, "calibration", self.verbose)
+        if self.backend == "ray":
+            from ..distributed import observe_on_ray
+            shards = observe_on_ray(graph, _checked(batches, graph), self.workers)
+            first_batches = shards.first_batches[:self.search_batches]
+            workers_report = {"workers": len(shards.observers),
+                              "worker_seconds": [round(t, 3) for t in shards.worker_seconds],
+                              "worker_peak_mib": [round(m, 1) for m in shards.worker_peak_mib]}
+            for shard_observers in shards.observers:
+                for (_, observer, *_), theirs in zip(observers, shard_observers):
+                    observer.merge(theirs)
+        else:
+            hook = observer_hook(observers)
+            for batch in _checked(batches, graph):
+                executor.forward(batch, hooks=[hook])
+                if len(first_batches) < self.search_batches:
+                    first_batches.append(batch)
         searching = [entry for entry in observers if hasattr(entry[1], "candidates") and hasattr(entry[1], "select")]
         # all searched tensors in one float forward pass per search batch (a tensor no op reads keeps KL)
         searched = search_thresholds(graph, executor, first_batches, searching) if searching else 0
         for config, observer, operation, side, index in observers:
             observer.render()
             config.state = S.ACTIVATED
-        return {"observed": len(observers), "searched": searched,
+        return {"observed": len(observers), "searched": searched, "backend": self.backend, **workers_report,
                 "observer_bytes": int(sum(o.state_nbytes for _, o, *_ in observers))}

@@ -43,34 +43,40 @@ class QuantizeRefinePass(QuantizationOptimizationPass):
     def optimize(self, graph: Graph, **kwargs) -> dict:
         counts = {"soi": 0, "non_float": 0, "bias": 0, "float_bias": 0, "passive": 0}
         for operation in graph.topological_sort():
-            config = operation.config
-            if config is None:
+            self.refine_operation(operation, counts)
+        return counts
+
+    def refine_operation(self, operation, counts: dict | None = None) -> dict:
+        """Refine one op's INITIAL configs (see the class); adds what changed to ``counts``."""
+        counts = {"soi": 0, "non_float": 0, "bias": 0, "float_bias": 0, "passive": 0} if counts is None else counts
+        config = operation.config
+        if config is None:
+            return counts
+        inputs = config.input_quantization_config
+        for index, (variable, kind) in enumerate(zip(operation.inputs, slots.input_slots(operation))):
+            tqc = inputs[index] if index < len(inputs) else None
+            if tqc is None or tqc.state is not S.INITIAL:
                 continue
-            inputs = config.input_quantization_config
-            for index, (variable, kind) in enumerate(zip(operation.inputs, slots.input_slots(operation))):
-                tqc = inputs[index] if index < len(inputs) else None
-                if tqc is None or tqc.state is not S.INITIAL:
-                    continue
-                if kind == slots.NONE:
-                    tqc.state = S.SOI
-                    counts["soi"] += 1
-                elif not is_float_tensor(variable):
+            if kind == slots.NONE:
+                tqc.state = S.SOI
+                counts["soi"] += 1
+            elif not is_float_tensor(variable):
+                tqc.state = S.FP32
+                counts["non_float"] += 1
+            elif kind == slots.PASSIVE:
+                inputs[index] = self.quantizer.passive_config(variable.name)
+                counts["passive"] += 1
+            elif kind == slots.BIAS:
+                masters = inputs[:2]
+                if self.quantizer.policy.bias_int32 and len(masters) == 2 and all(
+                        m is not None and m.state is S.INITIAL for m in masters):
+                    inputs[index] = self.quantizer.bias_config(variable.name)
+                    counts["bias"] += 1
+                else:
                     tqc.state = S.FP32
-                    counts["non_float"] += 1
-                elif kind == slots.PASSIVE:
-                    inputs[index] = self.quantizer.passive_config(variable.name)
-                    counts["passive"] += 1
-                elif kind == slots.BIAS:
-                    masters = inputs[:2]
-                    if self.quantizer.policy.bias_int32 and len(masters) == 2 and all(
-                            m is not None and m.state is S.INITIAL for m in masters):
-                        inputs[index] = self.quantizer.bias_config(variable.name)
-                        counts["bias"] += 1
-                    else:
-                        tqc.state = S.FP32
-                        counts["float_bias"] += 1
-            for variable, tqc in zip(operation.outputs, config.output_quantization_config):
-                if tqc is not None and tqc.state is S.INITIAL and not is_float_tensor(variable):
-                    tqc.state = S.FP32
-                    counts["non_float"] += 1
+                    counts["float_bias"] += 1
+        for variable, tqc in zip(operation.outputs, config.output_quantization_config):
+            if tqc is not None and tqc.state is S.INITIAL and not is_float_tensor(variable):
+                tqc.state = S.FP32
+                counts["non_float"] += 1
         return counts
