@@ -38,6 +38,10 @@ PPQ_ACCURACY_ROWS = (
     ("ACADEMIC_W4A8", "default", ("adaround",)),
     ("TPU_INT8", "search", ()),
     ("TPU_INT8", "default", ("mixed_precision",)),
+    # recipes (issue 13): 'recipe:<name>' sets setting.recipe on the platform's preset
+    ("ORT_INT8", "recipe:balanced", ()),
+    ("TRT_INT8", "recipe:balanced", ()),
+    ("TPU_INT8", "recipe:balanced", ()),
 )
 MIXED_PRECISION_COSINE = 0.99
 # the setting fields each accuracy pass name turns on
@@ -80,7 +84,7 @@ class Config:
 def default_observer(platform: str) -> tuple[str, bool]:
     """The activation observer and weight granularity of ``platform``'s preset setting."""
     sys.path.insert(0, str(REPO))
-    from ppqlike.optim.recipe import resolve_policy
+    from ppqlike.optim.recipe import apply_recipe, resolve_policy
     from ppqlike.optim.setting import QuantizationSettingFactory
     policy = resolve_policy(platform, QuantizationSettingFactory.for_platform(platform))
     return policy.activation.observer, bool(policy.weight.per_channel)
@@ -214,17 +218,19 @@ def _quantize_ppqlike(spec: dict) -> dict:
 
     import presets
     from ppqlike.api import export_ppq_graph, quantize_onnx_model
-    from ppqlike.optim.recipe import resolve_policy
+    from ppqlike.optim.recipe import apply_recipe, resolve_policy
     from ppqlike.optim.setting import QuantizationSettingFactory
 
     platform = spec["platform"]
     setting = QuantizationSettingFactory.for_platform(platform)
-    if spec["observer"] != "default":
+    if spec["observer"].startswith("recipe:"):
+        setting.recipe = spec["observer"].split(":", 1)[1]
+    elif spec["observer"] != "default":
         setting.activation_observer = spec["observer"]
     for name in spec.get("passes", ()):
         for field_name, value in ACCURACY_PASSES[name].items():
             setattr(setting, field_name, value)
-    policy = resolve_policy(platform, setting)
+    policy = resolve_policy(platform, apply_recipe(setting, platform)[0])
     batches = _calibration_batches(spec)
     started = time.perf_counter()
     graph = quantize_onnx_model(str(presets.PRESETS[spec["model"]].path), batches, platform=platform,

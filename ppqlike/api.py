@@ -22,7 +22,7 @@ from .export.platform import export_for_platform
 from .io import load_onnx_graph
 from .io.import_quantized import import_quantized, is_quantized_model
 from .io.onnx_import import read_model
-from .optim.recipe import build_pipeline, effective_setting, format_for_quantization, resolve_policy
+from .optim.recipe import apply_recipe, build_pipeline, effective_setting, format_for_quantization, resolve_policy
 from .optim.setting import QuantizationSetting, QuantizationSettingFactory
 from .platforms.dispatch import dispatch_graph
 from .platforms.quantizer import PlatformQuantizer
@@ -138,6 +138,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     if dispatcher is not None:
         setting = QuantizationSetting.from_dict({**setting.to_dict(), "dispatcher": dispatcher})
     setting.validate()
+    setting, recipe = apply_recipe(setting, platform)
     policy = resolve_policy(platform, setting)
     if calib_dataloader is None or isinstance(calib_dataloader, (str, bytes, np.ndarray, dict)):
         raise CalibrationDataError(
@@ -167,7 +168,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     graph.metadata["quantization"] = {
         **graph.metadata.get("quantization", {}),  # what passes recorded (mixed_precision_fp32_ops)
         "platform": platform.name, "setting": setting.to_dict(), "dispatch": summary,
-        "effective_setting": effective_setting(setting, policy),
+        "effective_setting": effective_setting(setting, policy), "recipe": recipe,
         "formatting": {k: str(v) for k, v in formatting.items()},
         "passes": [{"name": r.name, "seconds": round(r.seconds, 4), "report": r.report} for r in records],
         "seconds": round(time.perf_counter() - started, 3),

@@ -142,7 +142,9 @@ def test_imported_model_reexports_analyses_and_recalibrates(quantized_files, tmp
     setting.keep_imported_scales = False
     recalibrated = ppqlike.quantize_onnx_model(path, [images], platform="TRT_INT8", setting=setting)
     configs = [c for op in recalibrated.operations.values() if op.config for c in op.config.all_configs()]
-    assert any(c.observer_algorithm == "kl" for c in configs)  # TensorRT's calibration, not the file's scales
+    from ppqlike.optim.recipe import apply_recipe, resolve_policy
+    observer = resolve_policy("TRT_INT8", apply_recipe(setting, "TRT_INT8")[0]).activation.observer
+    assert any(c.observer_algorithm == observer for c in configs)  # calibrated for TensorRT, not the file's
     assert not any(c.observer_algorithm == "imported" for c in configs)
 
 

@@ -201,7 +201,8 @@ def test_report_points_where_a_fix_helps_and_says_how_it_measured(tmp_path):
     path = tmp_path / "clipped_model.onnx"
     onnx.save(model, str(path))
     data = [rng.standard_normal((8, 3, 4, 4)).astype(np.float32)]
-    graph = ppqlike.quantize_onnx_model(str(path), data, platform="TRT_INT8")
+    setting = ppqlike.QuantizationSettingFactory.for_platform("TRT_INT8", recipe="plain")  # KL ranges
+    graph = ppqlike.quantize_onnx_model(str(path), data, platform="TRT_INT8", setting=setting)
     analysis = graphwise_error_analyse(graph, data, verbose=False)
     assert analysis["conv"] < analysis["clip"]  # the Conv's own output carries the clipped-away range
     assert worst_visible(analysis, graph)[0] == "clip"

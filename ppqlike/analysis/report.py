@@ -190,7 +190,11 @@ def _settings(meta: dict) -> str:
     for index in range(half):  # two key/value pairs per row: the setting has some 30 keys
         right = pairs[half + index] if half + index < len(pairs) else ("", "")
         rows.append([f"<b>{pairs[index][0]}</b>", pairs[index][1], f"<b>{right[0]}</b>", right[1]])
-    source = (f'<p class="sub">platform {_e(meta.get("platform", "?"))}; source model '
+    recipe = meta.get("recipe") or {}
+    recipe_line = (f'; recipe <b>{_e(recipe.get("recipe"))}</b> (set: '
+                   f'{_e(", ".join(f"{k}={v}" for k, v in recipe.get("changed", {}).items()) or "nothing")})'
+                   if recipe else "")
+    source = (f'<p class="sub">platform {_e(meta.get("platform", "?"))}{recipe_line}; source model '
               f'<span class="names">{_e(meta.get("source") or "not recorded (given in memory)")}</span></p>')
     return "<h2>Settings</h2>" + source + _table(["key", "value", "key", "value"], rows)
 

@@ -130,6 +130,11 @@ def print_summary(summary: dict, stream=None) -> None:
               file=stream)
     for note in summary.get("export_notes", [])[:5]:
         print(f"  export note: {note}", file=stream)
+    recipe = summary.get("recipe") or {}
+    if recipe:
+        changed = ", ".join(f"{k}={v}" for k, v in recipe.get("changed", {}).items()) or "nothing beyond the setting"
+        print(f"  recipe: {recipe.get('recipe')} ({changed}); passes: "
+              + ", ".join(p["name"] for p in summary.get("passes", [])), file=stream)
     print(f"  exporter: {summary['exporter']}", file=stream)
     print(f"  wrote into {summary['output_dir']}:", file=stream)
     for role, path in summary["files"].items():

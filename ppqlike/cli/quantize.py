@@ -128,6 +128,9 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
                             "(# starts a comment)")
     group.add_argument("--dispatcher", help="conservative | aggressive | pointwise | allin")
     group.add_argument("--observer", help="activation observer: minmax | percentile | kl | entropy | mse | search")
+    group.add_argument("--recipe", choices=("plain", "balanced"),
+                       help="plain: the platform's own calibration; balanced: activation ranges chosen by the "
+                            "error they cause (default: the setting's, balanced)")
     group.add_argument("--recalibrate", action="store_true",
                        help="for an already quantized model (QDQ/QOperator): drop its scales and calibrate its float "
                             "graph again for --platform (see `ppqlike inspect` for what it holds)")
@@ -183,6 +186,8 @@ def build_setting(args, platform):
     changes = {}
     if args.observer:
         changes["activation_observer"] = args.observer.strip().lower()
+    if args.recipe:
+        changes["recipe"] = args.recipe
     if args.dispatch_table:
         changes["dispatching_table"] = {**setting.dispatching_table, **read_dispatch_table(args.dispatch_table)}
     return QuantizationSetting.from_dict({**setting.to_dict(), **changes}) if changes else setting
@@ -330,6 +335,7 @@ def export_folder(graph, platform, output, names: dict, source: str, started: fl
             "seconds": {"quantize": round(metadata.get("seconds", 0.0), 3),
                         "export": round(finished - quantized_at - (report["seconds"] if report else 0.0), 3),
                         **({"report": report["seconds"]} if report else {}), "total": round(finished - started, 3)},
+            "recipe": metadata.get("recipe"),
             "passes": [{"name": p["name"], "seconds": p["seconds"]} for p in metadata.get("passes", [])],
             "peak_memory_mib": peak_memory_mib()})
         write_summary(staging, names["summary"], summary)

@@ -20,6 +20,7 @@ from .ppq_setting import DispatchingTable, PPQSettingViews
 _OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
 _EQUALIZATION_CLIP = ("exact", "skip")
+_RECIPES = ("plain", "balanced")  # what each does: ppqlike.optim.recipe.RECIPES
 
 
 def _is_kind(value, kind: str) -> bool:
@@ -49,6 +50,9 @@ def _check_type(name: str, annotation: str, value) -> None:
 class QuantizationSetting(PPQSettingViews):
     """Every option of a quantization run.  Defaults are what most users want.
 
+    ``recipe``: 'balanced' (the default: activation ranges chosen by the quantization error they cause)
+    or 'plain' (the platform's own calibration); see ppqlike.optim.recipe.RECIPES (a recipe fills what
+    the other fields leave to it).
     Formatting: ``fold_constants``, ``fold_batchnorm``, ``remove_identity``,
     ``fold_bias_add``, ``fold_pad`` (zero Pads into Conv pads).  Dispatch:
     ``dispatcher`` and ``dispatching_table`` (op name -> 'TARGET' | 'FP32').  Passes: ``fusion``, ``simplify``,
@@ -80,6 +84,7 @@ class QuantizationSetting(PPQSettingViews):
     None: what the platform's exporter prefers, True for ORT_INT8).
     """
 
+    recipe: str = "balanced"
     fold_constants: bool = True
     fold_batchnorm: bool = True
     remove_identity: bool = True
@@ -121,6 +126,8 @@ class QuantizationSetting(PPQSettingViews):
         booleans, not strings or numbers), then each field's range."""
         for item in fields(self):
             _check_type(item.name, item.type, getattr(self, item.name))
+        if self.recipe not in _RECIPES:
+            raise PlatformError(f"setting.recipe {self.recipe!r} is unknown; choose one of {_RECIPES}")
         if self.dispatcher not in _DISPATCHERS:
             raise PlatformError(f"setting.dispatcher {self.dispatcher!r} is unknown; choose one of {_DISPATCHERS}")
         if self.activation_observer is not None and self.activation_observer not in _OBSERVERS:
@@ -189,8 +196,9 @@ class QuantizationSettingFactory:
 
     @staticmethod
     def trt_setting() -> QuantizationSetting:
-        """TensorRT: KL activations; one Q/DQ pair per consumer so onnxruntime can fuse the int8 export."""
-        return QuantizationSetting(activation_observer="kl", export_qdq_per_consumer=True)
+        """TensorRT: one Q/DQ pair per consumer so onnxruntime can fuse the int8 export (KL activations are the
+        platform policy's own choice)."""
+        return QuantizationSetting(export_qdq_per_consumer=True)
 
     @staticmethod
     def ort_setting() -> QuantizationSetting:
@@ -199,8 +207,8 @@ class QuantizationSettingFactory:
 
     @staticmethod
     def tpu_setting() -> QuantizationSetting:
-        """TPU-MLIR: KL calibration."""
-        return QuantizationSetting(activation_observer="kl")
+        """TPU-MLIR (KL calibration is the platform policy's own choice)."""
+        return QuantizationSetting()
 
     @staticmethod
     def dsp_setting() -> QuantizationSetting:
@@ -232,12 +240,16 @@ class QuantizationSettingFactory:
         return cls.for_platform(TargetPlatform.NCNN_INT8)
 
     @classmethod
-    def for_platform(cls, platform) -> QuantizationSetting:
-        """The preset of ``platform`` (the default where none is specific)."""
+    def for_platform(cls, platform, recipe: str | None = None) -> QuantizationSetting:
+        """The preset of ``platform`` (the default where none is specific), with ``recipe`` when given."""
         platform = TargetPlatform.parse(platform)
         presets = {TargetPlatform.TRT_INT8: cls.trt_setting, TargetPlatform.PPL_CUDA_INT8: cls.trt_setting,
                    TargetPlatform.ORT_INT8: cls.ort_setting, TargetPlatform.TPU_INT8: cls.tpu_setting,
                    TargetPlatform.DSP_INT8: cls.dsp_setting, TargetPlatform.TIDL_INT8: cls.tidl_setting,
                    TargetPlatform.NXP_INT8: cls.tidl_setting, TargetPlatform.ACADEMIC_INT8: cls.academic_setting,
                    TargetPlatform.ACADEMIC_W4A8: cls.academic_setting}
-        return presets.get(platform, cls.default_setting)()
+        setting = presets.get(platform, cls.default_setting)()
+        if recipe is not None:
+            setting.recipe = recipe
+            setting.validate()
+        return setting

@@ -1,0 +1,41 @@
+"""Recipes: 'plain' is the platform's own calibration; 'balanced' fills what the setting leaves to it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ppqlike
+from ppqlike.core.errors import PlatformError
+from ppqlike.optim.recipe import RECIPES, apply_recipe
+from shared_bench import PRESETS, load_images, requires_bench
+
+
+def test_plain_changes_nothing_and_balanced_fills_only_what_is_left_to_it():
+    plain = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="plain")
+    assert apply_recipe(plain, "ORT_INT8") == (plain, {"recipe": "plain", "changed": {}})
+    balanced = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="balanced")
+    applied, report = apply_recipe(balanced, "ORT_INT8")
+    assert report["changed"] == {"activation_observer": RECIPES["balanced"].activation_observer}
+    assert applied.activation_observer == RECIPES["balanced"].activation_observer and not applied.equalization
+    explicit = ppqlike.QuantizationSettingFactory.for_platform("TRT_INT8", recipe="balanced")
+    explicit.activation_observer = "kl"  # the user's choice wins over the recipe's
+    assert apply_recipe(explicit, "TRT_INT8") == (explicit, {"recipe": "balanced", "changed": {}})
+    with pytest.raises(PlatformError, match="recipe"):
+        ppqlike.QuantizationSetting(recipe="fastest")
+
+
+@requires_bench
+@pytest.mark.real_model
+def test_balanced_is_not_worse_than_plain_on_per_layer_snr():
+    images, _, _ = load_images("mobilenetv2", "calib", 12)
+    calibration, held = [images[:4], images[4:8]], [images[8:12]]
+    mean_snr = {}
+    for recipe in ("plain", "balanced"):
+        setting = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe=recipe)
+        graph = ppqlike.quantize_onnx_model(str(PRESETS["mobilenetv2"].path), calibration, platform="ORT_INT8",
+                                            setting=setting)
+        assert graph.metadata["quantization"]["recipe"]["recipe"] == recipe
+        analysis = ppqlike.graphwise_error_analyse(graph, held, verbose=False)
+        mean_snr[recipe] = np.mean([v for v in analysis.values() if np.isfinite(v)])
+    assert mean_snr["balanced"] >= mean_snr["plain"] - 0.1, mean_snr
