@@ -38,10 +38,11 @@ PPQ_ACCURACY_ROWS = (
     ("ACADEMIC_W4A8", "default", ("adaround",)),
     ("TPU_INT8", "search", ()),
     ("TPU_INT8", "default", ("mixed_precision",)),
-    # recipes (issue 13): 'recipe:<name>' sets setting.recipe on the platform's preset
-    ("ORT_INT8", "recipe:balanced", ()),
-    ("TRT_INT8", "recipe:balanced", ()),
-    ("TPU_INT8", "recipe:balanced", ()),
+    # recipes (issue 13): 'recipe:<name>' sets setting.recipe on the platform's preset ('default' rows run the
+    # default recipe, balanced)
+    ("ORT_INT8", "recipe:plain", ()),
+    ("TRT_INT8", "recipe:plain", ()),
+    ("TPU_INT8", "recipe:plain", ()),
 )
 MIXED_PRECISION_COSINE = 0.99
 # the setting fields each accuracy pass name turns on
@@ -86,7 +87,7 @@ def default_observer(platform: str) -> tuple[str, bool]:
     sys.path.insert(0, str(REPO))
     from ppqlike.optim.recipe import apply_recipe, resolve_policy
     from ppqlike.optim.setting import QuantizationSettingFactory
-    policy = resolve_policy(platform, QuantizationSettingFactory.for_platform(platform))
+    policy = resolve_policy(platform, apply_recipe(QuantizationSettingFactory.for_platform(platform), platform)[0])
     return policy.activation.observer, bool(policy.weight.per_channel)
 
 
