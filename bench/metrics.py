@@ -47,16 +47,24 @@ def against_reference(output: np.ndarray, reference: np.ndarray) -> dict:
     return {"agreement": float(np.mean(a.argmax(1) == b.argmax(1))), "snr_db": snr, "cosine": float(cosine.mean())}
 
 
-def ort_session(model_path, threads: int = INTRA_OP_THREADS):
-    """A CPU InferenceSession with the benchmark's options."""
+def ort_session(model_path, threads: int = INTRA_OP_THREADS, optimized: bool = True):
+    """A CPU InferenceSession with the benchmark's options (``optimized=False``: no graph optimizations, the
+    QDQ semantics of the ONNX spec)."""
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     options.log_severity_level = 3
     return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+
+
+def fused_kernels_exact(model_path) -> bool:
+    """Whether onnxruntime's fused integer kernels compute the model exactly on this CPU."""
+    from ppqlike.io.import_quantized import fused_kernels_exact as exact
+    return exact(model_path)
 
 
 INTEGER_KERNELS = frozenset({"QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger",

@@ -101,16 +101,6 @@ def assert_matches_onnxruntime(op_type, inputs, attributes=None, initializers=No
 
 
 def fused_kernels_are_exact(model) -> bool:
-    """Whether onnxruntime's fused integer kernels compute ``model`` exactly on this CPU: always, except on
-    x86 without VNNI when an int8 weight integer leaves 7 bits (its u8 x s8 pair sums saturate there)."""
-    from onnx import numpy_helper
-    from ppqlike.core.host import SATURATION_FREE_WEIGHT, onnxruntime_saturates_u8s8
-    if not onnxruntime_saturates_u8s8():
-        return True
-    constants = {t.name: t for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "DequantizeLinear" and node.input[0] in constants:
-            weights = numpy_helper.to_array(constants[node.input[0]])
-            if weights.dtype == np.int8 and np.abs(weights.astype(np.int64)).max() > SATURATION_FREE_WEIGHT:
-                return False
-    return True
+    """Whether onnxruntime's fused integer kernels compute ``model`` exactly on this CPU."""
+    from ppqlike.io.import_quantized import fused_kernels_exact
+    return fused_kernels_exact(model)

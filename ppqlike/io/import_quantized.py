@@ -309,6 +309,24 @@ def _attach_configs(graph: Graph, split: _Split, fused: set[str] | None, platfor
     return counts
 
 
+def fused_kernels_exact(source) -> bool:
+    """Whether onnxruntime's fused integer kernels compute the QDQ/QOperator model ``source`` (a path or a
+    ModelProto) exactly on this CPU: always, except on x86 without VNNI when an int8 weight integer leaves
+    7 bits (its u8 x s8 pair sums saturate there; see ppqlike.core.host)."""
+    if not onnxruntime_saturates_u8s8():
+        return True
+    model = source if isinstance(source, onnx.ModelProto) else onnx.load(os.fspath(source))
+    constants = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in ("DequantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm"):
+            for name in node.input[:4]:
+                if name in constants and constants[name].data_type == onnx.TensorProto.INT8:
+                    weights = numpy_helper.to_array(constants[name]).astype(np.int64)
+                    if weights.size > 1 and np.abs(weights).max() > SATURATION_FREE_WEIGHT:
+                        return False
+    return True
+
+
 def _link_restored_relu(relu: Operation, split: _Split) -> None:
     """The restored Relu's output config governs its input and its producer's output (OVERLAPPED), as
     ppqlike's own fusion of Conv + Relu does: the producer's integer kernel requantizes to that grid."""
