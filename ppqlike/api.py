@@ -20,8 +20,8 @@ from .core.ir import Graph
 from .executor import NumpyExecutor
 from .export.platform import export_for_platform
 from .io import load_onnx_graph
-from .io.import_quantized import import_quantized, is_quantized_model
-from .io.onnx_import import read_model
+from .io.import_quantized import import_quantized
+from .io.load import is_imported, load_graph
 from .optim.recipe import apply_recipe, build_pipeline, effective_setting, format_for_quantization, resolve_policy
 from .optim.setting import QuantizationSetting, QuantizationSettingFactory
 from .platforms.dispatch import dispatch_graph
@@ -96,17 +96,6 @@ __all__ = ["BaseGraph", "ENABLE_CUDA_KERNEL", "PPQ_CONFIG", "QuantizationSetting
            "ppq_warning", "quantize_onnx_model"]
 
 
-def _load(source) -> Graph:
-    """The graph of ``source``: imported with its scales when the file is already quantized."""
-    model = read_model(source)
-    if is_quantized_model(model):
-        graph = import_quantized(model)
-        graph.metadata["quantization"]["source"] = os.fspath(source) if isinstance(source, (str, os.PathLike)) \
-            else None
-        return graph
-    return load_onnx_graph(model)
-
-
 def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_steps: int | None = None,
                         input_shape: Sequence[int] | None = None,
                         platform: TargetPlatform | str = TargetPlatform.TRT_INT8,
@@ -132,7 +121,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     if input_dtype is not None:
         note_once("quantize_onnx_model: input_dtype is ignored; the model's declared input types are used")
     if not do_quantize:
-        return onnx_import_file if isinstance(onnx_import_file, Graph) else _load(onnx_import_file)
+        return onnx_import_file if isinstance(onnx_import_file, Graph) else load_graph(onnx_import_file)
     platform = TargetPlatform.parse(platform)
     setting = QuantizationSettingFactory.for_platform(platform) if setting is None else setting
     if dispatcher is not None:
@@ -145,11 +134,11 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
             "calib_dataloader must be an iterable of batches (e.g. a list of arrays, each [N, ...] for "
             f"single-input models, or of dicts name -> array), not {type(calib_dataloader).__name__}; "
             "wrap a single batch in a list")
-    graph = onnx_import_file if isinstance(onnx_import_file, Graph) else _load(onnx_import_file)
+    graph = onnx_import_file if isinstance(onnx_import_file, Graph) else load_graph(onnx_import_file)
     if not graph.inputs:
         raise GraphError(f"model {graph.name!r} has no inputs: every value is a constant, so there is nothing to "
                          "calibrate or quantize; give the model its inputs (or fold it to constants)")
-    if (graph.metadata.get("quantization") or {}).get("imported"):
+    if is_imported(graph):
         if setting.keep_imported_scales:
             raise PlatformError(f"model {graph.name!r} is already quantized (its scales were imported); export it "
                                 "as it is with export_ppq_graph, or set setting.keep_imported_scales=False to "

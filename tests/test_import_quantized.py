@@ -177,6 +177,14 @@ def test_node_that_cannot_be_mapped_is_named():
         ppqlike.import_quantized_onnx(tiny_qdq(dequantized_input_of_int8_graph_input=True))
 
 
+def test_errors_of_a_quantized_file_name_the_file_whatever_reads_it(tmp_path):
+    path = tmp_path / "unmappable.onnx"
+    onnx.save(tiny_qdq(dequantized_input_of_int8_graph_input=True), str(path))
+    for load in (ppqlike.import_quantized_onnx, lambda p: ppqlike.quantize_onnx_model(p, [np.zeros((1, 4))])):
+        with pytest.raises(ModelLoadError, match=f"model '{path}'.*dq_of_input"):
+            load(str(path))
+
+
 def test_float_model_is_not_imported():
     model = make_model([helper.make_node("Relu", ["x"], ["y"])],
                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],

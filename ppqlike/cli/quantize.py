@@ -217,18 +217,16 @@ def open_calibration(folder: str, graph, batch_size: int, input_shape, options: 
 
 def load_model_for_quantization(path: str, recalibrate: bool, setting):
     """The model's graph; an already quantized model (QDQ/QOperator) is refused unless ``--recalibrate``."""
-    from ..io import load_onnx_graph
-    from ..io.import_quantized import import_quantized, is_quantized_model
-    from ..io.onnx_import import read_model
-    model = read_model(path)
-    if not is_quantized_model(model):
-        return load_onnx_graph(path)  # (read again: its errors and metadata name the file)
+    from ..io.load import is_imported, load_graph
+    graph = load_graph(path)
+    if not is_imported(graph):
+        return graph
     if not recalibrate:
         raise PPQLikeError(f"model {path!r} is already quantized (it holds QuantizeLinear/DequantizeLinear or QLinear* "
                            "nodes); see what it holds with `ppqlike inspect`, or pass --recalibrate to quantize its "
                            "float graph again from the calibration data")
     setting.keep_imported_scales = False
-    return import_quantized(path)
+    return graph
 
 
 def batch_size_for(graph, requested: int | None, input_shape) -> int:

@@ -5,9 +5,18 @@ from __future__ import annotations
 import functools
 import platform
 
+import numpy as np
+
 #: the largest |weight integer| for which onnxruntime's x86 u8 x s8 pair sums cannot saturate:
 #: 2 * 255 * 64 < 2 ** 15
 SATURATION_FREE_WEIGHT = 64
+
+
+def weights_may_saturate(weight_integers) -> bool:
+    """Whether 8-bit weight integers (zero point removed) leave the range onnxruntime's u8 x s8 pair sums
+    keep exact on a CPU where :func:`onnxruntime_saturates_u8s8`."""
+    weight_integers = np.asarray(weight_integers)
+    return weight_integers.size > 1 and int(np.abs(weight_integers.astype(np.int64)).max()) > SATURATION_FREE_WEIGHT
 
 
 @functools.lru_cache(maxsize=1)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -32,13 +32,14 @@ import onnxruntime
 from onnx import helper, numpy_helper
 
 from ..core.errors import ModelLoadError
-from ..core.host import SATURATION_FREE_WEIGHT, onnxruntime_saturates_u8s8
+from ..core.host import onnxruntime_saturates_u8s8, weights_may_saturate
 from ..core.ir import Graph, Operation
+from ..core.numerics import along_channel_axis
 from ..core.op_facts import BIAS_TYPES
 from ..core.quant import (OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
                           QuantizationStates, RoundingPolicy, TensorQuantizationConfig)
 from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
-from .onnx_import import _describe, load_onnx_graph, read_model
+from .onnx_import import describe_source, graph_from_model, read_model
 from .qoperator import is_qoperator, qoperator_to_qdq
 
 S = QuantizationStates
@@ -85,7 +86,7 @@ class _Split:
     activations: dict[str, FileQuantization]
     parameters: dict[str, FileQuantization]
     original_names: dict[str, str]      # a renamed tensor -> the file's name of the float tensor it holds
-    restored: dict[str, str] | None = None  # the output of a restored Relu -> the tensor before it
+    restored: dict[str, str] = field(default_factory=dict)  # a restored Relu's output -> the tensor before it
 
 
 def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -117,13 +118,11 @@ def _file_quantization(node: onnx.NodeProto, constants: dict, data_dtype, where:
 
 def _quantize_constant(value: np.ndarray, facts: FileQuantization) -> np.ndarray:
     """QuantizeLinear of a constant: clamp(round_half_even(x / scale) + zero point) in the file's integer type."""
-    shape = [1] * np.ndim(value)
-    if facts.axis is not None:
-        shape[facts.axis % len(shape)] = -1
-    scaled = np.asarray(value, np.float32) / facts.scale.reshape(shape or [1]).astype(np.float32)
+    value = np.asarray(value, np.float32)
+    scale, zero_point = (along_channel_axis(p, value.ndim, value.shape, facts.axis)
+                         for p in (facts.scale, facts.zero_point))
     low, high = _RANGES[facts.dtype]
-    return np.clip(np.rint(scaled) + facts.zero_point.reshape(shape or [1]), low, high).astype(facts.dtype) \
-        .reshape(np.shape(value))
+    return np.clip(np.rint(value / scale) + zero_point, low, high).astype(facts.dtype)
 
 
 def split_qdq(model: onnx.ModelProto, where: str) -> _Split:
@@ -156,11 +155,9 @@ def split_qdq(model: onnx.ModelProto, where: str) -> _Split:
         if source in constants:
             facts = _file_quantization(node, constants, constants[source].dtype, where)
             integers = constants[source].astype(np.int64)
-            shape = [1] * integers.ndim
-            if facts.axis is not None:
-                shape[facts.axis % integers.ndim] = -1
-            value = ((integers - facts.zero_point.reshape(shape)).astype(np.float32) *
-                     facts.scale.reshape(shape)).astype(np.float32)
+            scale, zero_point = (along_channel_axis(p, integers.ndim, integers.shape, facts.axis)
+                                 for p in (facts.scale, facts.zero_point))
+            value = ((integers - zero_point).astype(np.float32) * scale).astype(np.float32)
             new_initializers.append(numpy_helper.from_array(value, node.output[0]))
             parameters[node.output[0]] = facts
             dropped.add(id(node))
@@ -231,7 +228,6 @@ def restore_folded_relus(split: _Split) -> None:
     model = split.model
     outputs = {o.name for o in model.graph.output}
     names = {n for node in model.graph.node for n in list(node.input) + list(node.output) + [node.name]}
-    split.restored = {}
     nodes = []
     for node in model.graph.node:
         nodes.append(node)
@@ -271,8 +267,8 @@ def onnxruntime_fused_outputs(model: onnx.ModelProto) -> set[str]:
 def _attach_configs(graph: Graph, split: _Split, fused: set[str] | None, platform) -> dict:
     """Write the configs on the ops that touch a quantized tensor; returns counts for the report."""
     counts = {"activations": 0, "weights": 0, "biases": 0, "runtime_kernels": 0, "quantized_ops": 0,
-              "kernels_with_8bit_weights": 0, "restored_relus": len(split.restored or {})}
-    before_relu = {before: name for name, before in (split.restored or {}).items()}
+              "kernels_with_8bit_weights": 0, "restored_relus": len(split.restored)}
+    before_relu = {before: name for name, before in split.restored.items()}
     for operation in graph.topological_sort():
         touched = [v for v in operation.inputs + operation.outputs
                    if v is not None and (v.name in split.activations or v.name in split.parameters)]
@@ -297,16 +293,25 @@ def _attach_configs(graph: Graph, split: _Split, fused: set[str] | None, platfor
         operation.config = OperationQuantizationConfig(inputs, outputs)
         operation.platform = platform
         counts["quantized_ops"] += 1
-        if operation.type == "Relu" and operation.outputs[0].name in (split.restored or {}):
+        if operation.type == "Relu" and operation.outputs[0].name in split.restored:
             _link_restored_relu(operation, split)
         output = outputs[0] if outputs else None
-        if operation.type in _RUNTIME_KERNEL_TYPES and output is not None \
-                and (output.state is S.ACTIVATED or operation.outputs[0].name in before_relu) \
-                and (fused is None or not {split.original_names.get(v.name, v.name) for v in operation.outputs} & fused):
+        if _runs_as_integer_kernel(operation, output, fused, split, before_relu):
             output.runtime_kernel = RUNTIME_KERNEL_ONNXRUNTIME
             counts["runtime_kernels"] += 1
             counts["kernels_with_8bit_weights"] += _uses_8bit_weights(operation)
     return counts
+
+
+def _runs_as_integer_kernel(operation: Operation, output, fused: set[str] | None, split: _Split,
+                             before_relu: dict) -> bool:
+    """Whether onnxruntime runs ``operation`` as one of its integer kernels (``fused`` None: every one does)."""
+    if operation.type not in _RUNTIME_KERNEL_TYPES or output is None:
+        return False
+    if output.state is not S.ACTIVATED and operation.outputs[0].name not in before_relu:
+        return False
+    file_names = {split.original_names.get(v.name, v.name) for v in operation.outputs}
+    return fused is None or not file_names & fused
 
 
 def fused_kernels_exact(source) -> bool:
@@ -321,8 +326,7 @@ def fused_kernels_exact(source) -> bool:
         if node.op_type in ("DequantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm"):
             for name in node.input[:4]:
                 if name in constants and constants[name].data_type == onnx.TensorProto.INT8:
-                    weights = numpy_helper.to_array(constants[name]).astype(np.int64)
-                    if weights.size > 1 and np.abs(weights).max() > SATURATION_FREE_WEIGHT:
+                    if weights_may_saturate(numpy_helper.to_array(constants[name])):
                         return False
     return True
 
@@ -347,11 +351,8 @@ def _uses_8bit_weights(operation: Operation) -> bool:
     if config.state is not S.BAKED or config.num_of_bits != 8:
         return False
     integers = config.quantize(config.baked_value).astype(np.int64)
-    shape = [1] * integers.ndim
-    if config.channel_axis is not None:
-        shape[config.channel_axis % integers.ndim] = -1
-    return bool(np.max(np.abs(integers - np.asarray(config.offset).reshape(shape or [1])))
-                > SATURATION_FREE_WEIGHT)
+    return weights_may_saturate(integers - along_channel_axis(config.offset, integers.ndim, integers.shape,
+                                                              config.channel_axis))
 
 
 def _input_config(graph: Graph, operation: Operation, index: int, variable, split: _Split,
@@ -390,8 +391,13 @@ def import_quantized(source, platform=None, restore_activations: bool = True) ->
     Relus a quantizer folded into ranges (see :func:`restore_folded_relus`).  ``graph.metadata['quantization']``
     records the source, the format and what was imported.
     """
-    model = read_model(source)
-    where = _describe(source)
+    return graph_from_quantized_model(read_model(source), source, platform, restore_activations)
+
+
+def graph_from_quantized_model(model: onnx.ModelProto, source, platform=None,
+                               restore_activations: bool = True) -> Graph:
+    """:func:`import_quantized` of a model :func:`read_model` has checked; ``source`` is what it was read from."""
+    where = describe_source(source)
     file_format = "QOperator" if is_qoperator(model) else "QDQ"
     qdq = qoperator_to_qdq(model, where) if file_format == "QOperator" else model
     if not is_quantized_model(model):
@@ -402,7 +408,7 @@ def import_quantized(source, platform=None, restore_activations: bool = True) ->
         restore_folded_relus(split)
     # QOperator ops are onnxruntime's integer kernels by definition; for QDQ ask onnxruntime what it fuses
     fused = None if file_format == "QOperator" else onnxruntime_fused_outputs(model)
-    graph = load_onnx_graph(split.model)
+    graph = graph_from_model(split.model, where)
     counts = _attach_configs(graph, split, fused, platform)
     counts["saturating_cpu"] = onnxruntime_saturates_u8s8()
     if counts["kernels_with_8bit_weights"] and counts["saturating_cpu"]:

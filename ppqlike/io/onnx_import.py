@@ -26,8 +26,11 @@ MIN_OPSET, MAX_OPSET = 11, 21
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
-def _describe(source: Any) -> str:
-    return f"model {os.fspath(source)!r}" if isinstance(source, (str, os.PathLike)) else "the given model"
+def describe_source(source: Any) -> str:
+    """How errors name ``source``: the file's path, or "the given model"/"the given bytes"."""
+    if isinstance(source, (str, os.PathLike)):
+        return f"model {os.fspath(source)!r}"
+    return "the given bytes" if isinstance(source, (bytes, bytearray)) else "the given model"
 
 
 def read_model(source: Any) -> onnx.ModelProto:
@@ -39,14 +42,12 @@ def read_model(source: Any) -> onnx.ModelProto:
     produced, the nodes form no cycle, then ``onnx.checker``.  Nodes out of
     topological order (but acyclic) are reordered on a copy.  Never writes.
     """
+    where = describe_source(source)
     if isinstance(source, onnx.ModelProto):
         model = source
-        where = "the given model"
     elif isinstance(source, (bytes, bytearray)):
-        where = "the given bytes"
         model = _parse(bytes(source), where)
     elif isinstance(source, (str, os.PathLike)):
-        where = _describe(source)
         path = os.fspath(source)
         if not os.path.exists(path):
             raise ModelLoadError(f"{where}: no such file")
@@ -345,8 +346,11 @@ def load_onnx_graph(source: Any) -> Graph:
     structural faults (an input nothing produces, a cycle).  Ops of other
     domains load; the executor rejects them when it plans.
     """
-    model = read_model(source)
-    where = _describe(source)
+    return graph_from_model(read_model(source), describe_source(source))
+
+
+def graph_from_model(model: onnx.ModelProto, where: str) -> Graph:
+    """The :class:`Graph` of a model :func:`read_model` has checked; ``where`` names it in errors."""
     opset = _default_opset(model, where)
     onnx_graph = model.graph
     graph = Graph(name=onnx_graph.name or "graph", opset=opset)

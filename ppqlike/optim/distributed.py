@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterable
 
 from ..core.errors import PlatformError
 from ..core.ir import Graph
@@ -38,11 +37,10 @@ def require_ray():
 
 @dataclass
 class ShardResults:
-    """What the workers returned: one observer list per shard (in watched order), and the first batches
-    (the threshold search runs on them here)."""
+    """What the workers returned: one observer list per shard (in watched order), with each worker's time
+    and memory."""
 
     observers: list[list]
-    first_batches: list
     worker_seconds: list[float]
     worker_peak_mib: list[float]        # peak resident memory of each worker process (the OS's ru_maxrss)
 
@@ -85,13 +83,12 @@ def _ppqlike_path() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(ppqlike.__file__)))
 
 
-def observe_on_ray(graph: Graph, batches: Iterable, workers: int) -> ShardResults:
+def observe_on_ray(graph: Graph, batches: list, workers: int) -> ShardResults:
     """Run :func:`ppqlike.optim.passes.calibration.observe_shard` on ``workers`` Ray workers (see the module
     docstring); the driver keeps no executor state, only the batches it sends."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise PlatformError(f"calibration_workers must be a positive integer, got {workers!r}")
     ray = require_ray()
-    batches = list(batches)
     shards = split_into_shards(batches, workers)
     started_here = not ray.is_initialized()
     if started_here:
@@ -107,4 +104,4 @@ def observe_on_ray(graph: Graph, batches: Iterable, workers: int) -> ShardResult
     finally:
         if started_here:
             ray.shutdown()
-    return ShardResults([r[0] for r in results], batches[:8], [r[1] for r in results], [r[2] for r in results])
+    return ShardResults([r[0] for r in results], [r[1] for r in results], [r[2] for r in results])

@@ -70,7 +70,7 @@ class SettingView:
             note_once(f"QuantizationSetting.{self._name}.{attribute} has no counterpart in ppqlike; it is ignored")
             return
         if field == "activation_observer":
-            value = _observer(value)
+            value = observer_name(value)
         self._setting.__setattr__(field, value)
         self._setting.validate()
 
@@ -79,7 +79,8 @@ class SettingView:
         return f"{self._name}({shown})"
 
 
-def _observer(name):
+def observer_name(name):
+    """ppqlike's observer for PPQ's ``calib_algorithm`` name (None stays None); PlatformError when unknown."""
     if name is None:
         return None
     key = str(name).lower()

@@ -81,8 +81,8 @@ class RuntimeCalibrationPass(_Calibration):
     def optimize(self, graph, **kwargs):
         if self.method is not None:
             from ..core.quant import QuantizationStates
-            from ..optim.ppq_setting import _observer
-            observer = _observer(self.method)
+            from ..optim.ppq_setting import observer_name
+            observer = observer_name(self.method)
             for operation in graph.operations.values():
                 for config in operation.config.all_configs() if operation.config is not None else ():
                     if config.state is QuantizationStates.INITIAL and config.observer_algorithm != observer \

@@ -122,8 +122,9 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
         batches = iterate_calibration(dataloader, calib_steps, collate_fn, "calibration", self.verbose)
         if self.backend == "ray":
             from ..distributed import observe_on_ray
-            shards = observe_on_ray(graph, _checked(batches, graph), self.workers)
-            first_batches = shards.first_batches[:self.search_batches]
+            batches = list(_checked(batches, graph))
+            shards = observe_on_ray(graph, batches, self.workers)
+            first_batches = batches[:self.search_batches]
             workers_report = {"workers": len(shards.observers),
                               "worker_seconds": [round(t, 3) for t in shards.worker_seconds],
                               "worker_peak_mib": [round(m, 1) for m in shards.worker_peak_mib]}
