@@ -43,6 +43,9 @@ PPQ_ACCURACY_ROWS = (
     ("ORT_INT8", "recipe:plain", ()),
     ("TRT_INT8", "recipe:plain", ()),
     ("TPU_INT8", "recipe:plain", ()),
+    ("ORT_INT8", "recipe:best", ()),
+    ("TRT_INT8", "recipe:best", ()),
+    ("TPU_INT8", "recipe:best", ()),
 )
 MIXED_PRECISION_COSINE = 0.99
 # the setting fields each accuracy pass name turns on

@@ -406,6 +406,28 @@ def test_adaround_in_the_pipeline_is_opt_in():
                for op in graph.operations.values() if op.type in ("Conv", "Gemm"))
 
 
+def test_adaround_stops_at_its_time_budget_with_a_valid_graph():
+    batches = data(3)
+    outputs = {}
+    for budget in (None, 0.0):
+        setting = QuantizationSettingFactory.for_platform("ACADEMIC_W4A8")
+        setting.adaround, setting.adaround_steps, setting.adaround_samples = True, 100, 256
+        setting.time_budget_s = budget
+        graph = quantize_onnx_model(chain_model(), batches, platform="ACADEMIC_W4A8", setting=setting)
+        report = next(p["report"] for p in graph.metadata["quantization"]["passes"] if p["name"] == "adaround")
+        assert all(op.config.input_quantization_config[1].state is S.BAKED
+                   for op in graph.operations.values() if op.type in ("Conv", "Gemm"))
+        outputs[budget] = ppqlike.NumpyExecutor(graph).forward(batches[0])[0]
+        if budget == 0.0:  # spent at once: every layer keeps nearest rounding, as without the pass
+            assert report["layers"] == 0 and report["budget_spent"] and report["skipped"] == 5
+            setting.adaround = False
+            plain = quantize_onnx_model(chain_model(), batches, platform="ACADEMIC_W4A8", setting=setting)
+            np.testing.assert_array_equal(outputs[budget], ppqlike.NumpyExecutor(plain).forward(batches[0])[0])
+        else:
+            assert report["layers"] == 5 and not report["budget_spent"]
+    assert not np.array_equal(outputs[None], outputs[0.0])
+
+
 # --------------------------------------------------------- threshold search
 def test_threshold_search_picks_the_candidate_with_the_smallest_reader_error():
     graph, policy = prepared(chain_model("relu"), "TPU_INT8", QuantizationSetting(activation_observer="search"))

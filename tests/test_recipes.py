@@ -21,8 +21,17 @@ def test_plain_changes_nothing_and_balanced_fills_only_what_is_left_to_it():
     explicit = ppqlike.QuantizationSettingFactory.for_platform("TRT_INT8", recipe="balanced")
     explicit.activation_observer = "kl"  # the user's choice wins over the recipe's
     assert apply_recipe(explicit, "TRT_INT8") == (explicit, {"recipe": "balanced", "changed": {}})
+    best, report = apply_recipe(ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best"),
+                                "ORT_INT8")
+    assert report["changed"] == {"activation_observer": "mse", "bias_correction": True, "adaround": True,
+                                 "time_budget_s": RECIPES["best"].time_budget_s}
+    budgeted = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best")
+    budgeted.time_budget_s = 5
+    assert apply_recipe(budgeted, "ORT_INT8")[0].time_budget_s == 5
     with pytest.raises(PlatformError, match="recipe"):
         ppqlike.QuantizationSetting(recipe="fastest")
+    with pytest.raises(PlatformError, match="time_budget_s"):
+        ppqlike.QuantizationSetting(time_budget_s=-1)
 
 
 @requires_bench
@@ -39,3 +48,18 @@ def test_balanced_is_not_worse_than_plain_on_per_layer_snr():
         analysis = ppqlike.graphwise_error_analyse(graph, held, verbose=False)
         mean_snr[recipe] = np.mean([v for v in analysis.values() if np.isfinite(v)])
     assert mean_snr["balanced"] >= mean_snr["plain"] - 0.1, mean_snr
+
+
+@requires_bench
+@pytest.mark.real_model
+def test_best_learns_the_rounding_of_8bit_weights_on_a_real_model():
+    images, _, _ = load_images("squeezenet1.1", "calib", 8)
+    setting = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best")
+    setting.adaround_steps, setting.adaround_samples = 60, 512
+    graph = ppqlike.quantize_onnx_model(str(PRESETS["squeezenet1.1"].path), [images[:4], images[4:]],
+                                        platform="ORT_INT8", setting=setting)
+    passes = {p["name"]: p["report"] for p in graph.metadata["quantization"]["passes"]}
+    assert {"adaround", "bias_correction"} <= set(passes) and graph.metadata["quantization"]["recipe"]["recipe"] == "best"
+    rounding = passes["adaround"]
+    assert rounding["layers"] == 26 and rounding["improved"] > 13
+    assert rounding["mean_relative_error_learned"] < rounding["mean_relative_error_nearest"]

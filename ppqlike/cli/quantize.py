@@ -128,9 +128,12 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
                             "(# starts a comment)")
     group.add_argument("--dispatcher", help="conservative | aggressive | pointwise | allin")
     group.add_argument("--observer", help="activation observer: minmax | percentile | kl | entropy | mse | search")
-    group.add_argument("--recipe", choices=("plain", "balanced"),
+    group.add_argument("--recipe", choices=("plain", "balanced", "best"),
                        help="plain: the platform's own calibration; balanced: activation ranges chosen by the "
-                            "error they cause (default: the setting's, balanced)")
+                            "error they cause (default: the setting's, balanced); best: balanced plus learned "
+                            "rounding of the weights and bias correction (minutes)")
+    group.add_argument("--time-budget", type=float, metavar="SECONDS",
+                       help="seconds the best recipe's learned rounding may take (default: the recipe's own)")
     group.add_argument("--recalibrate", action="store_true",
                        help="for an already quantized model (QDQ/QOperator): drop its scales and calibrate its float "
                             "graph again for --platform (see `ppqlike inspect` for what it holds)")
@@ -188,6 +191,8 @@ def build_setting(args, platform):
         changes["activation_observer"] = args.observer.strip().lower()
     if args.recipe:
         changes["recipe"] = args.recipe
+    if args.time_budget is not None:
+        changes["time_budget_s"] = args.time_budget
     if args.dispatch_table:
         changes["dispatching_table"] = {**setting.dispatching_table, **read_dispatch_table(args.dispatch_table)}
     return QuantizationSetting.from_dict({**setting.to_dict(), **changes}) if changes else setting

@@ -38,6 +38,8 @@ class Recipe:
     activation_observer: str | None = None   # per-tensor activation ranges, where the setting leaves None
     bias_correction: bool = False            # empirical bias correction where the platform keeps a bias
     equalization: bool = False               # cross-layer equalization where weights are per tensor
+    adaround: bool = False                   # learned rounding of the weights (8-bit as well as 4-bit)
+    time_budget_s: float | None = None       # the learned rounding's seconds, where the setting leaves None
 
 
 #: the recipes, in one place (chosen on calibration data; docs/BENCHMARKS.md measures them on the dev images)
@@ -49,6 +51,11 @@ RECIPES = {
     # better on two and worse on SqueezeNet; bias correction helped EfficientNet but costs 2-3x the time
     "balanced": Recipe("balanced", "per-tensor activation ranges chosen by the quantization error (MSE) they "
                                    "cause, instead of the platform's min-max or KL", activation_observer="mse"),
+    # balanced, then each Conv/Gemm's weight rounding learned against its FP32 output (range search first),
+    # and the bias corrected for what error is left; stops at the budget with the layers done so far
+    "best": Recipe("best", "balanced, plus learned rounding of the weights (AdaRound, range searched first) "
+                           "and empirical bias correction", activation_observer="mse", bias_correction=True,
+                   adaround=True, time_budget_s=240.0),
 }
 
 
@@ -57,7 +64,8 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
 
     A recipe fills only what the setting leaves to it: the activation observer when it is None (the
     platform's default), equalization and bias correction when they are off (turn them on in the setting to
-    have them with any recipe; use the 'plain' recipe to have none of them)."""
+    have them with any recipe; use the 'plain' recipe to have none of them), learned rounding when off, and
+    the time budget when it is None."""
     recipe = RECIPES.get(setting.recipe)
     if recipe is None:
         raise PlatformError(f"setting.recipe {setting.recipe!r} is unknown; choose one of {sorted(RECIPES)}")
@@ -69,6 +77,10 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
         changes["equalization"] = True
     if recipe.bias_correction and not setting.bias_correction:
         changes["bias_correction"] = True
+    if recipe.adaround and not setting.adaround:
+        changes["adaround"] = True
+    if recipe.time_budget_s is not None and setting.time_budget_s is None:
+        changes["time_budget_s"] = recipe.time_budget_s
     if not changes:
         return setting, {"recipe": recipe.name, "changed": {}}
     return QuantizationSetting.from_dict({**setting.to_dict(), **changes}), {"recipe": recipe.name,
@@ -116,7 +128,7 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
     if setting.adaround:  # needs the weight scales; bakes the weights it rounds, so activations are
         # calibrated on the network as it will run (4-bit weights change the activations a lot)
         passes.append(AdaroundPass(steps=setting.adaround_steps, samples=setting.adaround_samples,
-                                   inputs="float", verbose=verbose > 0))
+                                   inputs="float", verbose=verbose > 0, time_budget_s=setting.time_budget_s))
     passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0,
                                       backend=setting.calibration_backend, workers=setting.calibration_workers),
                QuantizationAlignmentPass(setting.concat_alignment, policy.add_alignment),

@@ -20,7 +20,7 @@ from .ppq_setting import DispatchingTable, PPQSettingViews
 _OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
 _EQUALIZATION_CLIP = ("exact", "skip")
-_RECIPES = ("plain", "balanced")  # what each does: ppqlike.optim.recipe.RECIPES
+_RECIPES = ("plain", "balanced", "best")  # what each does: ppqlike.optim.recipe.RECIPES
 
 
 def _is_kind(value, kind: str) -> bool:
@@ -50,9 +50,11 @@ def _check_type(name: str, annotation: str, value) -> None:
 class QuantizationSetting(PPQSettingViews):
     """Every option of a quantization run.  Defaults are what most users want.
 
-    ``recipe``: 'balanced' (the default: activation ranges chosen by the quantization error they cause)
-    or 'plain' (the platform's own calibration); see ppqlike.optim.recipe.RECIPES (a recipe fills what
-    the other fields leave to it).
+    ``recipe``: 'balanced' (the default: activation ranges chosen by the quantization error they cause),
+    'plain' (the platform's own calibration) or 'best' (balanced plus learned rounding of the weights and
+    bias correction: minutes); see ppqlike.optim.recipe.RECIPES (a recipe fills what the other fields leave
+    to it).  ``time_budget_s``: seconds the learned rounding may take (None: the recipe's own; when it is
+    spent, the layers not yet done keep nearest rounding).
     Formatting: ``fold_constants``, ``fold_batchnorm``, ``remove_identity``,
     ``fold_bias_add``, ``fold_pad`` (zero Pads into Conv pads).  Dispatch:
     ``dispatcher`` and ``dispatching_table`` (op name -> 'TARGET' | 'FP32').  Passes: ``fusion``, ``simplify``,
@@ -85,6 +87,7 @@ class QuantizationSetting(PPQSettingViews):
     """
 
     recipe: str = "balanced"
+    time_budget_s: float | None = None
     fold_constants: bool = True
     fold_batchnorm: bool = True
     remove_identity: bool = True
@@ -154,6 +157,9 @@ class QuantizationSetting(PPQSettingViews):
         if not (isinstance(self.equalization_max_scale, (int, float)) and self.equalization_max_scale >= 1):
             raise PlatformError(f"setting.equalization_max_scale must be a number >= 1, "
                                 f"got {self.equalization_max_scale!r}")
+        budget = self.time_budget_s
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0):
+            raise PlatformError(f"setting.time_budget_s must be None or a number of seconds >= 0, got {budget!r}")
         target = self.mixed_precision_target_cosine
         if target is not None and not (isinstance(target, (int, float)) and not isinstance(target, bool)
                                        and -1.0 < target <= 1.0):

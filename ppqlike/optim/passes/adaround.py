@@ -87,6 +87,7 @@ import time
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from ...core import numerics
 from ...core.ir import Graph, Operation
@@ -406,14 +407,17 @@ class AdaroundPass(QuantizationOptimizationPass):
     (regularizer weight, relative to the layer's nearest-rounding error),
     ``warmup``: the fraction of iterations without the regularizer;
     ``scale_search``: search the weight range first; ``calib_batches``:
-    batches to draw rows from (None: the pipeline's ``calib_steps``).
+    batches to draw rows from (None: the pipeline's ``calib_steps``); ``time_budget_s``: seconds the pass
+    may take from its start (None: no limit): when they are spent the layers not yet done keep nearest
+    rounding (the baking pass rounds them), so the pass always leaves a valid graph.
     """
 
     name = "adaround"
 
     def __init__(self, steps: int = 500, samples: int = 4096, lr: float = 3e-2, lam: float = 0.1,
                  warmup: float = 0.2, scale_search: bool = True, inputs: str = "quantized",
-                 calib_batches: int | None = None, seed: int = 0, verbose: bool = True):
+                 calib_batches: int | None = None, seed: int = 0, verbose: bool = True,
+                 time_budget_s: float | None = None):
         if steps < 1 or samples < 1:
             raise ValueError("adaround needs steps >= 1 and samples >= 1")
         if inputs not in ("quantized", "float"):
@@ -422,9 +426,12 @@ class AdaroundPass(QuantizationOptimizationPass):
         self.steps, self.samples, self.lr, self.lam, self.warmup = int(steps), int(samples), lr, lam, warmup
         self.scale_search = bool(scale_search)
         self.calib_batches, self.seed, self.verbose = calib_batches, seed, verbose
+        self.time_budget_s = time_budget_s
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
+        started = time.perf_counter()
+        deadline = math.inf if self.time_budget_s is None else started + self.time_budget_s
         executor = executor or NumpyExecutor(graph)
         stats, skipped = {}, []
         for operation in configured_operations(graph):
@@ -445,7 +452,6 @@ class AdaroundPass(QuantizationOptimizationPass):
             except TypeError:
                 known = 8
         hook = _RowHook(stats, max(1, math.ceil(self.samples / max(1, known))), self.seed)
-        started = time.perf_counter()
         batches = 0
         for batch in iterate_calibration(dataloader, batches_wanted, collate_fn, "adaround rows", self.verbose):
             if self.inputs == "float":
@@ -454,15 +460,19 @@ class AdaroundPass(QuantizationOptimizationPass):
             else:
                 executor.forward(batch, hooks=[hook])   # one pass serves every layer
             batches += 1
+            if time.perf_counter() >= deadline:
+                break  # the rows so far serve; every layer is then left to nearest rounding below
         capture_seconds = time.perf_counter() - started
         peak = sum(s.nbytes for s in stats.values())
         layers = []
-        for name in list(stats):
+        for name in tqdm(list(stats), desc="adaround layers", disable=not self.verbose, leave=False):
             stat = stats.pop(name)  # freed once its layer is done
             if stat.rows == 0:
                 skipped.append({"op": name, "reason": "not reached by the calibration data"})
-                continue
-            layers.append(self._round_layer(graph.operations[name], stat))
+            elif time.perf_counter() >= deadline:
+                skipped.append({"op": name, "reason": f"time budget of {self.time_budget_s} s spent"})
+            else:
+                layers.append(self._round_layer(graph.operations[name], stat))
         improved = [f for f in layers if f["kept_learned"]]
         return {"layers": len(layers), "improved": len(improved), "batches": batches, "steps": self.steps,
                 "samples": self.samples, "scale_search": self.scale_search, "inputs": self.inputs,
@@ -470,7 +480,9 @@ class AdaroundPass(QuantizationOptimizationPass):
                 "mean_relative_error_nearest": float(np.mean([f["relative_nearest"] for f in layers])) if layers else 0.0,
                 "mean_relative_error_learned": float(np.mean([min(f["relative_learned"], f["relative_nearest"])
                                                               for f in layers])) if layers else 0.0,
-                "skipped": len(skipped), "layer_details": layers, "skipped_ops": skipped}
+                "skipped": len(skipped), "time_budget_s": self.time_budget_s,
+                "budget_spent": any("time budget" in s["reason"] for s in skipped),
+                "layer_details": layers, "skipped_ops": skipped}
 
     def _round_layer(self, operation: Operation, stat: _LayerStatistics) -> dict:
         config = input_config(operation, 1)
