@@ -53,7 +53,7 @@ ACCURACY_PASSES = {
     "equalization": {"equalization": True},
     "bias_correction": {"bias_correction": True},
     "adaround": {"adaround": True},
-    "mixed_precision": {"mixed_precision_target_cosine": MIXED_PRECISION_COSINE},
+    "mixed_precision": {"accuracy_target": MIXED_PRECISION_COSINE},
 }
 ORT_METHODS = ("MinMax", "Entropy", "Percentile")
 ORT_GRANULARITIES = ("per_tensor", "per_channel")

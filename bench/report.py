@@ -407,7 +407,7 @@ def render(results: dict, partial: bool = False) -> str:
              "TRT/ORT/TPU, per-tensor asymmetric uint8 on DSP.",
              "- Accuracy-pass rows (opt-in through the setting): *+ equalization* (cross-layer equalization), "
              "*+ bias_correction*, *+ adaround* (learned rounding of the 4-bit weights of ACADEMIC_W4A8), "
-             f"*+ mixed_precision* (`mixed_precision_target_cosine={MIXED_PRECISION_COSINE}`: the fewest ops moved "
+             f"*+ mixed_precision* (`accuracy_target={MIXED_PRECISION_COSINE}`: the fewest ops moved "
              "to FP32, chosen on calibration data), and *search* (the TPU-MLIR-style threshold search observer). "
              "Their goals: DSP_INT8 (per-tensor) with equalization ≥ 0.97 agreement on EfficientNet-Lite0; "
              f"ACADEMIC_W4A8 with AdaRound within {100 * W4A8_POINTS:.0f} points of FP32 top-1; mixed precision an "

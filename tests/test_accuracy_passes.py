@@ -206,7 +206,7 @@ def test_equalization_refuses_quantized_weights_and_runs_first_in_the_pipeline()
     report = LayerwiseEqualizationPass().optimize(graph)
     assert report["pairs"] == 0 and sum("INITIAL" in s["reason"] for s in report["skipped_pairs"]) == 3
     setting = QuantizationSetting(equalization=True, bias_correction=True, adaround=True,
-                                  mixed_precision_target_cosine=0.99)
+                                  accuracy_target=0.99)
     names = build_pipeline(get_platform_policy("DSP_INT8"), setting).names
     assert names.index("equalization") < names.index("parameter")
     assert names.index("parameter") < names.index("adaround") < names.index("calibration")
@@ -406,6 +406,11 @@ def test_adaround_in_the_pipeline_is_opt_in():
                for op in graph.operations.values() if op.type in ("Conv", "Gemm"))
 
 
+def test_settings_saved_with_the_old_mixed_precision_key_still_load():
+    loaded = QuantizationSetting.from_dict({"mixed_precision_target_cosine": 0.99})
+    assert loaded.accuracy_target == 0.99 and "accuracy_target" in loaded.to_dict()
+
+
 def test_adaround_stops_at_its_time_budget_with_a_valid_graph():
     batches = data(3)
     outputs = {}
@@ -501,11 +506,11 @@ def test_mixed_precision_reaches_target_with_the_sensitive_layer():
 
 def test_mixed_precision_leaves_a_good_graph_alone_and_records_in_metadata():
     batches = data(2)
-    setting = QuantizationSetting(mixed_precision_target_cosine=0.5, mixed_precision_batches=1)
+    setting = QuantizationSetting(accuracy_target=0.5, mixed_precision_batches=1)
     graph = quantize_onnx_model(chain_model(), batches, platform="TPU_INT8", setting=setting)
     assert graph.metadata["quantization"]["mixed_precision_fp32_ops"] == []
     setting = QuantizationSettingFactory.for_platform("TPU_INT8")
-    setting.mixed_precision_target_cosine = 0.9999
+    setting.accuracy_target = 0.9999
     setting.mixed_precision_batches = 1
     graph = quantize_onnx_model(sensitive_model(), batches, platform="TPU_INT8", setting=setting)
     chosen = graph.metadata["quantization"]["mixed_precision_fp32_ops"]
@@ -524,8 +529,8 @@ def test_settings_validate_accuracy_options():
     with pytest.raises(ppqlike.PPQLikeError):
         QuantizationSetting(equalization_clip="approximately")
     with pytest.raises(ppqlike.PPQLikeError):
-        QuantizationSetting(mixed_precision_target_cosine=1.5)
+        QuantizationSetting(accuracy_target=1.5)
     with pytest.raises(ppqlike.PPQLikeError):
         QuantizationSetting(adaround_steps=0)
-    setting = QuantizationSetting(equalization=True, adaround=True, mixed_precision_target_cosine=0.99)
+    setting = QuantizationSetting(equalization=True, adaround=True, accuracy_target=0.99)
     assert QuantizationSetting.from_dict(setting.to_dict()) == setting

@@ -52,7 +52,11 @@ RECIPES = {
     "balanced": Recipe("balanced", "per-tensor activation ranges chosen by the quantization error (MSE) they "
                                    "cause, instead of the platform's min-max or KL", activation_observer="mse"),
     # balanced, then each Conv/Gemm's weight rounding learned against its FP32 output (range search first),
-    # and the bias corrected for what error is left; stops at the budget with the layers done so far
+    # and the bias corrected for what error is left; stops at the budget with the layers done so far.
+    # Chosen on calibration data (150 images calibrate, 50 held aside; logits cosine against FP32, balanced
+    # -> best): SqueezeNet ORT 0.9957 -> 0.9966, TRT 0.9860 -> 0.9882; EfficientNet-Lite0 ORT 0.9936 ->
+    # 0.9986, TRT 0.9926 -> 0.9973; 70-170 s here.  MobileNetV2's weights already lie on an 8-bit grid
+    # (nearest rounding is exact), so only its activations can gain: best equals balanced there.
     "best": Recipe("best", "balanced, plus learned rounding of the weights (AdaRound, range searched first) "
                            "and empirical bias correction", activation_observer="mse", bias_correction=True,
                    adaround=True, time_budget_s=240.0),
@@ -136,8 +140,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
     if setting.bias_correction:  # measures the error of the weights as they will be baked
         passes.append(BiasCorrectionPass(steps=setting.bias_correction_steps,
                                          new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0))
-    if setting.mixed_precision_target_cosine is not None:  # needs every other decision taken
-        passes.append(MixedPrecisionPass(setting.mixed_precision_target_cosine,
+    if setting.accuracy_target is not None:  # needs every other decision taken
+        passes.append(MixedPrecisionPass(setting.accuracy_target,
                                          batches=setting.mixed_precision_batches,
                                          max_ops=setting.mixed_precision_max_ops, verbose=verbose > 0))
     if policy.integer_requantization:

@@ -20,7 +20,9 @@ from .ppq_setting import DispatchingTable, PPQSettingViews
 _OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
 _EQUALIZATION_CLIP = ("exact", "skip")
-_RECIPES = ("plain", "balanced", "best")  # what each does: ppqlike.optim.recipe.RECIPES
+_RECIPES = ("plain", "balanced", "best")
+#: keys of settings saved by earlier versions -> today's field
+_RENAMED = {"mixed_precision_target_cosine": "accuracy_target"}  # what each does: ppqlike.optim.recipe.RECIPES
 
 
 def _is_kind(value, kind: str) -> bool:
@@ -74,7 +76,7 @@ class QuantizationSetting(PPQSettingViews):
     weights: ``adaround_steps`` Adam iterations per layer on
     ``adaround_samples`` rows of the layer's input, after a search of the
     weight range),
-    ``mixed_precision_target_cosine`` (None: off; else the output cosine to
+    ``accuracy_target`` (None: off; else the output cosine against FP32 to
     reach by moving the fewest ops to FP32, measured on
     ``mixed_precision_batches`` calibration batches, at most
     ``mixed_precision_max_ops`` ops, None: no limit).
@@ -113,7 +115,7 @@ class QuantizationSetting(PPQSettingViews):
     adaround: bool = False
     adaround_steps: int = 500
     adaround_samples: int = 4096
-    mixed_precision_target_cosine: float | None = None
+    accuracy_target: float | None = None
     mixed_precision_batches: int = 2
     mixed_precision_max_ops: int | None = None
     keep_imported_scales: bool = True
@@ -160,10 +162,10 @@ class QuantizationSetting(PPQSettingViews):
         budget = self.time_budget_s
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0):
             raise PlatformError(f"setting.time_budget_s must be None or a number of seconds >= 0, got {budget!r}")
-        target = self.mixed_precision_target_cosine
+        target = self.accuracy_target
         if target is not None and not (isinstance(target, (int, float)) and not isinstance(target, bool)
                                        and -1.0 < target <= 1.0):
-            raise PlatformError(f"setting.mixed_precision_target_cosine must be None or a cosine in (-1, 1], "
+            raise PlatformError(f"setting.accuracy_target must be None or a cosine in (-1, 1], "
                                 f"got {target!r}")
         if not isinstance(self.dispatching_table, dict):
             raise PlatformError("setting.dispatching_table must map op names to 'TARGET' or 'FP32'")
@@ -174,6 +176,7 @@ class QuantizationSetting(PPQSettingViews):
 
     @classmethod
     def from_dict(cls, data: dict) -> "QuantizationSetting":
+        data = {_RENAMED.get(key, key): value for key, value in data.items()}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -35,13 +35,11 @@ images 0-63, top-1 on the held-out calibration images 100-199 (FP32 80%):
 62% with 500 steps (the default), 71% with 2000 (3.3x the time).  The
 benchmark (200 calibration images, 300 dev images, docs/BENCHMARKS.md):
 nearest rounding 10%, learned 70%, FP32 84%.  Placed after calibration on
-quantized inputs it does worse, because the activation ranges were then
-calibrated on the network with nearest-rounded 4-bit weights, whose
-activations are far from the final ones.  The paper's asymmetric target
-W x_fp from quantized inputs (absorbing upstream error) needs the layers rounded strictly one
-after another; with the layers of a stage rounded together each compensated
-upstream error that the upstream layers removed themselves (1% top-1), so it
-is not offered.
+quantized inputs it does worse (the ranges were calibrated with nearest-rounded
+4-bit weights, whose activations are far from the final ones).  The paper's
+asymmetric target W x_fp from quantized inputs needs the layers rounded
+strictly one after another (rounded together, each compensated upstream
+error the upstream layers removed themselves: 1% top-1); it is not offered.
 
 Before the rounding is learned, the weight's range is searched too
 (``scale_search``): ranges ratio * [min, max] for 36 ratios in [0.3, 1] are
@@ -480,9 +478,8 @@ class AdaroundPass(QuantizationOptimizationPass):
                 "mean_relative_error_nearest": float(np.mean([f["relative_nearest"] for f in layers])) if layers else 0.0,
                 "mean_relative_error_learned": float(np.mean([min(f["relative_learned"], f["relative_nearest"])
                                                               for f in layers])) if layers else 0.0,
-                "skipped": len(skipped), "time_budget_s": self.time_budget_s,
-                "budget_spent": any("time budget" in s["reason"] for s in skipped),
-                "layer_details": layers, "skipped_ops": skipped}
+                "skipped": len(skipped), "time_budget_s": self.time_budget_s, "budget_spent": any(
+                    "time budget" in s["reason"] for s in skipped), "layer_details": layers, "skipped_ops": skipped}
 
     def _round_layer(self, operation: Operation, stat: _LayerStatistics) -> dict:
         config = input_config(operation, 1)
