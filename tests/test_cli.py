@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -127,6 +128,25 @@ def test_quantize_npy_folder_with_table_and_setting(tmp_path, capsys, npy_calib,
     images, labels = load_demo_data("test")
     logits = _session(out / "digits.trt_int8.onnx").run(None, {"image": images})[0]
     assert np.mean(logits.argmax(1) == labels) > 0.95
+
+
+def test_accuracy_target_and_recipe_options_reach_the_setting_and_the_summary(tmp_path, capsys, npy_calib,
+                                                                             demo_copy):
+    out = tmp_path / "out"
+    code, _, err = _run(capsys, "quantize", demo_copy, "--platform", "ACADEMIC_W4A8", "--calib", npy_calib,
+                        "--out", out, "--batch-size", 16, "--calib-steps", 3, "--input-shape", "1,1,8,8",
+                        "--accuracy-target", 0.9999, "--recipe", "plain", "--time-budget", 0)
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    moved = summary["moved_to_fp32_for_accuracy_target"]
+    assert summary["recipe"]["recipe"] == "plain" and moved  # W4A8 cannot keep 0.9999 without moving ops
+    exported = onnx.load(str(next(out.glob("*.onnx"))))
+    quantized_inputs = {n.output[0] for n in exported.graph.node if n.op_type == "DequantizeLinear"}
+    moved_compute = [n for n in exported.graph.node if n.name in moved and n.op_type in ("Conv", "Gemm")]
+    assert moved_compute  # found in the exported model by name, and reading no dequantized tensor
+    for node in moved_compute:
+        assert not set(node.input) & quantized_inputs, node.name
+    assert "mixed_precision" in [p["name"] for p in summary["passes"]]
 
 
 def _rgb_model(path):

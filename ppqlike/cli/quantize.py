@@ -132,6 +132,9 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
                        help="plain: the platform's own calibration; balanced: activation ranges chosen by the "
                             "error they cause (default: the setting's, balanced); best: balanced plus learned "
                             "rounding of the weights and bias correction (minutes)")
+    group.add_argument("--accuracy-target", type=float, metavar="COSINE",
+                       help="move the fewest ops to FP32 until the output cosine against FP32 (on calibration "
+                            "batches) reaches COSINE; the summary lists them")
     group.add_argument("--time-budget", type=float, metavar="SECONDS",
                        help="seconds the best recipe's learned rounding may take (default: the recipe's own)")
     group.add_argument("--recalibrate", action="store_true",
@@ -193,6 +196,8 @@ def build_setting(args, platform):
         changes["recipe"] = args.recipe
     if args.time_budget is not None:
         changes["time_budget_s"] = args.time_budget
+    if args.accuracy_target is not None:
+        changes["accuracy_target"] = args.accuracy_target
     if args.dispatch_table:
         changes["dispatching_table"] = {**setting.dispatching_table, **read_dispatch_table(args.dispatch_table)}
     return QuantizationSetting.from_dict({**setting.to_dict(), **changes}) if changes else setting
@@ -339,6 +344,7 @@ def export_folder(graph, platform, output, names: dict, source: str, started: fl
                         "export": round(finished - quantized_at - (report["seconds"] if report else 0.0), 3),
                         **({"report": report["seconds"]} if report else {}), "total": round(finished - started, 3)},
             "recipe": metadata.get("recipe"),
+            "moved_to_fp32_for_accuracy_target": metadata.get("mixed_precision_fp32_ops"),
             "passes": [{"name": p["name"], "seconds": p["seconds"]} for p in metadata.get("passes", [])],
             "peak_memory_mib": peak_memory_mib()})
         write_summary(staging, names["summary"], summary)
