@@ -34,6 +34,14 @@ def test_plain_changes_nothing_and_balanced_fills_only_what_is_left_to_it():
         ppqlike.QuantizationSetting(time_budget_s=-1)
 
 
+def test_the_recipe_names_agree_wherever_they_are_listed():
+    from ppqlike.cli.main import build_parser
+    from ppqlike.optim.setting import _RECIPES
+    quantize = build_parser()._subparsers._group_actions[0].choices["quantize"]
+    recipe_option = next(a for a in quantize._actions if "--recipe" in a.option_strings)
+    assert tuple(RECIPES) == _RECIPES == tuple(recipe_option.choices)
+
+
 @requires_bench
 @pytest.mark.real_model
 def test_balanced_is_not_worse_than_plain_on_per_layer_snr():

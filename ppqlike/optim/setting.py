@@ -20,9 +20,9 @@ from .ppq_setting import DispatchingTable, PPQSettingViews
 _OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
 _EQUALIZATION_CLIP = ("exact", "skip")
-_RECIPES = ("plain", "balanced", "best")
+_RECIPES = ("plain", "balanced", "best")  # what each does: ppqlike.optim.recipe.RECIPES (a test keeps them equal)
 #: keys of settings saved by earlier versions -> today's field
-_RENAMED = {"mixed_precision_target_cosine": "accuracy_target"}  # what each does: ppqlike.optim.recipe.RECIPES
+_RENAMED = {"mixed_precision_target_cosine": "accuracy_target"}
 
 
 def _is_kind(value, kind: str) -> bool:

@@ -462,12 +462,12 @@ class AdaroundPass(QuantizationOptimizationPass):
                 break  # the rows so far serve; every layer is then left to nearest rounding below
         capture_seconds = time.perf_counter() - started
         peak = sum(s.nbytes for s in stats.values())
-        layers = []
+        layers, budget_spent = [], False
         for name in tqdm(list(stats), desc="adaround layers", disable=not self.verbose, leave=False):
             stat = stats.pop(name)  # freed once its layer is done
             if stat.rows == 0:
                 skipped.append({"op": name, "reason": "not reached by the calibration data"})
-            elif time.perf_counter() >= deadline:
+            elif budget_spent or (budget_spent := time.perf_counter() >= deadline):
                 skipped.append({"op": name, "reason": f"time budget of {self.time_budget_s} s spent"})
             else:
                 layers.append(self._round_layer(graph.operations[name], stat))
@@ -478,8 +478,8 @@ class AdaroundPass(QuantizationOptimizationPass):
                 "mean_relative_error_nearest": float(np.mean([f["relative_nearest"] for f in layers])) if layers else 0.0,
                 "mean_relative_error_learned": float(np.mean([min(f["relative_learned"], f["relative_nearest"])
                                                               for f in layers])) if layers else 0.0,
-                "skipped": len(skipped), "time_budget_s": self.time_budget_s, "budget_spent": any(
-                    "time budget" in s["reason"] for s in skipped), "layer_details": layers, "skipped_ops": skipped}
+                "skipped": len(skipped), "time_budget_s": self.time_budget_s, "budget_spent": budget_spent,
+                "layer_details": layers, "skipped_ops": skipped}
 
     def _round_layer(self, operation: Operation, stat: _LayerStatistics) -> dict:
         config = input_config(operation, 1)
