@@ -176,3 +176,10 @@ def test_kernels_do_not_modify_inputs():
         out, = build_kernel(Operation("n", op), 20)([x])
         np.testing.assert_array_equal(x, saved)
         assert not np.shares_memory(out, x)
+
+
+@pytest.mark.parametrize("opset,axis", [(11, 1), (11, 0), (11, -2), (12, 3), (13, 1), (13, -1), (13, 0)])
+def test_hardmax_matches_onnxruntime(opset, axis):
+    x = _float([2, 3, 4, 5])
+    x[0, 1, 2, :] = 7.0  # ties: the first largest wins
+    assert_matches_onnxruntime("Hardmax", {"x": x}, {"axis": axis}, opset=opset, exact=True)

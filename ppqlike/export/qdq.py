@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, version_converter
+from onnx import helper, numpy_helper
 
 from ..core.errors import ExportError
 from ..core.ir import Graph, Operation, Variable
@@ -43,6 +43,7 @@ from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applie
 from ..executor.simulation import apply_config
 from ..io.files import MAX_IR_VERSION, atomic_write_bytes
 from ..io.onnx_export import export_onnx_model
+from .opset_upgrade import tensor_views, upgraded_model
 from .common import (config_id, is_param_slot, quantizes, rounding_mismatch, source_path, storage_type,
                      warn_rounding)
 
@@ -238,17 +239,6 @@ def _check_states(graph: Graph) -> list[str]:
     return notes
 
 
-def _base_model(graph: Graph, opset: int) -> onnx.ModelProto:
-    model = export_onnx_model(graph)
-    if graph.opset < opset:
-        try:
-            model = version_converter.convert_version(model, opset)
-        except Exception as error:  # the converter raises bare RuntimeErrors
-            raise ExportError(f"cannot upgrade graph {graph.name!r} from opset {graph.opset} to {opset}: "
-                              f"{error}") from None
-    return model
-
-
 def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activations: bool = False,
                     opset: int | None = None, check: bool = True,
                     uint8_weights: bool = False) -> tuple[onnx.ModelProto, dict]:
@@ -270,7 +260,8 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
             if (is_applied(config.state) or is_baked(config.state)) and config.num_of_bits > 8 \
                     and config.num_of_bits <= 16:
                 target = max(target, WIDE_OPSET)
-    base = _base_model(graph, target)
+    base = upgraded_model(graph, target)
+    views = tensor_views(base, graph)  # slots the converter rewired to a reshaped view (Softmax before 13)
     builder.names = {n for node in base.graph.node for n in list(node.input) + list(node.output) + [node.name]}
     builder.names |= {i.name for i in base.graph.initializer} | {v.name for v in graph.variables.values()}
     raw_initializers = {i.name: i for i in base.graph.initializer}
@@ -279,19 +270,32 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
     raw: dict[str, str] = {}       # activation name -> the float value before its output pair
     pending: dict[str, tuple] = {}  # per-consumer mode: activation name -> (pair, tensor) to add per edge
     located: dict[str, str] = {}   # activation name -> ONNX tensor holding it after its output pair
+
+    def read(name: str) -> str:
+        """What a consumer without an input pair reads for activation ``name`` (one pair per edge when pending)."""
+        if name in pending:
+            pair, tensor = pending[name]
+            added = builder.add_pair(raw[name], pair, tensor)
+            if name in graph.variables:
+                located.setdefault(name, added)
+            return added
+        return visible.get(name, name)
+
     for node in base.graph.node:
         operation = graph.operations.get(node.name)
-        if operation is None or operation.type != node.op_type:
-            builder.nodes.append(node)  # a node the version converter added
+        if operation is None or operation.type != node.op_type:  # a node the version converter added
+            node = _copy_node(node)
+            if node.op_type != "Shape":
+                inputs = [read(name) if name else name for name in node.input]
+                del node.input[:]
+                node.input.extend(inputs)
+            builder.nodes.append(node)
             continue
         node = _copy_node(node)
         config = operation.config
         in_configs = config.input_quantization_config if config is not None else []
         for slot, variable in enumerate(operation.inputs):
-            if variable is None or node.input[slot] != variable.name:
-                if variable is not None:
-                    raise ExportError(f"opset conversion changed the inputs of {operation.type} "
-                                      f"{operation.name!r}; export it at its own opset")
+            if variable is None:
                 continue
             cfg = in_configs[slot] if slot < len(in_configs) else None
             if is_param_slot(graph, variable):
@@ -299,11 +303,8 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
                 if name is not None:
                     node.input[slot] = name
                 continue
-            name = visible.get(variable.name, variable.name)
-            if variable.name in pending:
-                pair, tensor = pending[variable.name]
-                name = builder.add_pair(raw[variable.name], pair, tensor)
-                located.setdefault(variable.name, name)
+            view = views.get((operation.name, "input", slot))
+            name = view if view is not None else read(variable.name)
             if cfg is not None and is_applied(cfg.state):
                 name = builder.add_pair(name, builder.pair_of(cfg, config_id(operation, "input", slot)),
                                         variable.name)
@@ -315,9 +316,16 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
             located[variable.name] = variable.name
             if not quantizes(cfg, "output"):
                 continue
-            del located[variable.name]
             pair = builder.pair_of(cfg, config_id(operation, "output", slot))
-            name = variable.name
+            name = views.get((operation.name, "output", slot), variable.name)
+            if name != variable.name:  # the converter's reshape after the op makes the graph tensor
+                raw[name] = name       # from the pair's result
+                if qdq_per_consumer:
+                    pending[name] = (pair, variable.name)
+                else:
+                    visible[name] = builder.add_pair(name, pair, variable.name)
+                continue
+            del located[name]
             if name in graph_outputs:  # the graph output is the quantized value: rename the float one
                 node.output[slot] = raw[name] = builder.unique(f"{name}_float")
                 builder.add_pair(raw[name], pair, name, output=name)

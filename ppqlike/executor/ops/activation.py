@@ -1,5 +1,5 @@
 """Kernels of the activation family: Relu, Clip, the sigmoid/tanh family,
-Softmax/LogSoftmax and Gelu.
+Softmax/LogSoftmax/Hardmax and Gelu.
 
 Outputs keep the input dtype.  Chains of numpy calls write into one fresh
 buffer (``out=``) so that each kernel allocates about one array.
@@ -124,6 +124,8 @@ def _build_softmax_13(op, opset: int) -> Kernel:
 
 
 def _softmax_kernel(op, axes_of) -> Kernel:
+    if op.type == "Hardmax":
+        return _hardmax_kernel(axes_of)
     """exp(x - max) / sum(exp(x - max)) over ``axes_of(x)``; LogSoftmax: x - max - log(sum(exp(x - max)))."""
     log = op.type == "LogSoftmax"
 
@@ -139,6 +141,22 @@ def _softmax_kernel(op, axes_of) -> Kernel:
             np.exp(shifted, out=shifted)
             shifted /= np.sum(shifted, axis=axes, keepdims=True)
             return [shifted]
+    return kernel
+
+
+def _hardmax_kernel(axes_of) -> Kernel:
+    """Hardmax: 1 at the first largest value over ``axes_of(x)`` (trailing axes, or one axis), 0 elsewhere."""
+
+    def kernel(inputs):
+        x = inputs[0]
+        axes = axes_of(x)
+        axes = tuple(axes) if isinstance(axes, tuple) else (axes,)
+        moved = np.moveaxis(x, axes, range(x.ndim - len(axes), x.ndim))
+        flat = moved.reshape(*moved.shape[:x.ndim - len(axes)], -1)
+        result = np.zeros_like(flat)
+        if flat.size:
+            np.put_along_axis(result, np.argmax(flat, axis=-1)[..., None], 1, axis=-1)
+        return [np.moveaxis(result.reshape(moved.shape), range(x.ndim - len(axes), x.ndim), axes)]
     return kernel
 
 
@@ -259,6 +277,7 @@ KERNELS: dict = {
     "Tanh": unary(_tanh),
     "Softmax": by_opset({1: _build_softmax_1, 13: _build_softmax_13}),
     "LogSoftmax": by_opset({1: _build_softmax_1, 13: _build_softmax_13}),
+    "Hardmax": by_opset({1: _build_softmax_1, 13: _build_softmax_13}),
     "Gelu": _build_gelu,
     "Elu": _build_elu,
     "Selu": _build_elu,
