@@ -48,8 +48,14 @@ PRESETS = {
         "mobilenetv2", "mobilenetv2.onnx", "input",
         dict(scale=255, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
         {"calib": 0.805, "dev": 0.847}, "MobileNetV2"),
+    # the transformer: a saliency map, no labels (compared with the FP32 map; bench/vit.py)
+    "vit_s_focus": ModelPreset(
+        "vit_s_focus", "vit_s_focus.onnx", "input_image",
+        dict(scale=255, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)), {}, "ViT-S saliency"),
 }
-MODEL_NAMES = tuple(PRESETS)
+#: The classifiers (top-1 against labels: bench/run.py); the transformer is measured by bench/vit.py.
+MODEL_NAMES = tuple(name for name, preset in PRESETS.items() if preset.reference_top1)
+TRANSFORMER_NAMES = ("vit_s_focus",)
 
 
 @lru_cache(maxsize=1)

@@ -27,8 +27,13 @@ Strategies (``dispatcher=``), for the remaining ops:
 * ``pointwise``: TARGET iff the op type is in ``quantizable_types``.
 * ``allin``: every op is TARGET.
 
-A ``dispatching_table`` pins ops by name, overriding the strategy; the
-strategy then works around the pinned labels.
+Transformer blocks (:mod:`ppqlike.core.patterns`) are labelled first, as the
+platform's :class:`~ppqlike.platforms.quantizer.TransformerPolicy` says: a
+``float`` block is FP32; a ``quantize`` block has its tail TARGET and its other
+ops FP32 (its inside is computed in float, only its result is quantized).
+
+A ``dispatching_table`` pins ops by name, overriding the strategy and the
+transformer policy; the strategy then works around the pinned labels.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import networkx as nx
 
 from ..core.errors import PlatformError
 from ..core.ir import Graph, Operation, Variable
+from ..core.patterns import ATTENTION_MATMUL, RESIDUAL_ADD, find_transformer_blocks
 from .dispatch_soi import data_free_operations, soi_input_indices, soi_operations, value_inputs, value_uses
 from ..core.op_facts import COMPUTING_TYPES, VALUE_PRESERVING_TYPES
 from .target import TargetPlatform
@@ -67,11 +73,30 @@ class _Context:
         self.soi = soi_operations(graph, self.order, self.data_free)
         self.labels: dict[str, TargetPlatform] = {name: _SOI for name in self.soi}
         self.pinned: set[str] = set()
+        self.blocks: dict[str, TargetPlatform] = {}
+        self.block_tails: dict[str, str] = {}  # tail op name -> block kind
 
     def pin(self, pins: dict) -> None:
         """Fix the labels of pinned ops; strategies leave them alone."""
         self.labels.update(pins)
-        self.pinned = set(pins)
+        self.pinned |= set(pins)
+
+    def block_labels(self, transformer) -> dict[str, TargetPlatform]:
+        """The labels ``transformer`` (a TransformerPolicy) gives the ops of each block; blocks touching SOI or
+        data-free ops, and AttentionMatMul/ResidualAdd ops that read fewer than two run-time values, are left
+        to the strategy."""
+        labels: dict[str, TargetPlatform] = {}
+        for block in find_transformer_blocks(self.graph):
+            if any(name in self.soi or name in self.data_free for name in block.operations):
+                continue
+            tail = self.graph.operations[block.tail]
+            if block.kind in (ATTENTION_MATMUL, RESIDUAL_ADD) and len(self.producers(tail)) != 2:
+                continue
+            self.block_tails[block.tail] = block.kind
+            quantized = transformer.treatment(block.kind) == "quantize"
+            labels.update({name: _FP32 for name in block.operations})
+            labels[block.tail] = self.target if quantized else _FP32
+        return labels
 
     def free(self) -> list[Operation]:
         """Ops a strategy may label: neither SOI nor pinned, in topological order."""
@@ -196,17 +221,19 @@ def _parse_pins(graph: Graph, table, target: TargetPlatform, soi: set[str]) -> d
 
 def dispatch_graph(graph: Graph, platform: TargetPlatform | str, quantizable_types: Iterable[str],
                    dispatcher: str = "conservative",
-                   dispatching_table: Mapping[str, TargetPlatform | str] | None = None) -> dict:
+                   dispatching_table: Mapping[str, TargetPlatform | str] | None = None,
+                   transformer=None) -> dict:
     """Write ``op.platform`` on every op of ``graph``: ``platform`` (TARGET), FP32 or SOI.
 
     ``quantizable_types``: the op types the platform's quantizer supports.
     ``dispatcher``: 'conservative', 'aggressive', 'pointwise' or 'allin' (see the
     module docstring).  ``dispatching_table``: {op name: TargetPlatform or
     'TARGET'/'FP32'/'SOI'} pins ops; unknown names, and SOI ops pinned to
-    TARGET, raise PlatformError.  Returns a summary: ``platform``,
+    TARGET, raise PlatformError.  ``transformer``: the platform's
+    TransformerPolicy (None: transformer blocks are left to the strategy).  Returns a summary: ``platform``,
     ``dispatcher``, ``counts`` {label: n}, a list of op names per label
     ('TARGET', 'FP32', 'SOI', topological order), ``types`` {label: {op type: n}}
-    and ``pinned`` {name: label}.
+    ``pinned`` {name: label} and ``blocks`` {block kind: {label of its tail: n blocks}}.
     """
     target = TargetPlatform.parse(platform)
     if not target.is_quantized:
@@ -221,6 +248,9 @@ def dispatch_graph(graph: Graph, platform: TargetPlatform | str, quantizable_typ
         raise PlatformError(f"unknown dispatcher {dispatcher!r}; choose one of {', '.join(DISPATCHERS)}")
     ctx = _Context(graph, target, frozenset(quantizable_types))
     pins = _parse_pins(graph, dispatching_table, target, ctx.soi)
+    if transformer is not None:
+        ctx.blocks = {name: label for name, label in ctx.block_labels(transformer).items() if name not in pins}
+        ctx.pin(ctx.blocks)
     ctx.pin(pins)
     strategy(ctx)
     for operation in ctx.order:
@@ -242,7 +272,16 @@ def _summary(ctx: _Context, dispatcher: str, pins: dict) -> dict:
     return {"platform": ctx.target.name, "dispatcher": dispatcher,
             "counts": {key: len(names[key]) for key in _LABEL_NAMES}, **names,
             "types": {key: dict(types[key]) for key in _LABEL_NAMES},
-            "pinned": {name: _label_name(label) for name, label in pins.items()}}
+            "pinned": {name: _label_name(label) for name, label in pins.items()},
+            "blocks": _block_summary(ctx)}
+
+
+def _block_summary(ctx: _Context) -> dict:
+    """Block kind -> {label of its tail: number of blocks}."""
+    summary: dict[str, Counter] = {}
+    for tail, kind in ctx.block_tails.items():
+        summary.setdefault(kind, Counter())[_label_name(ctx.labels[tail])] += 1
+    return {kind: dict(counts) for kind, counts in summary.items()}
 
 
 def _label_of(operation: Operation) -> str:

@@ -5,9 +5,12 @@ kernels fuse best), int8 symmetric per-channel weights, int32 bias,
 half-to-even rounding like QuantizeLinear.  The simulation computes Conv,
 MatMul, Gemm, Add and GlobalAveragePool as onnxruntime's integer kernels do
 (``runtime_kernels='onnxruntime'``), so it matches the deployed model.
+Transformers: attention MatMuls and residual Adds run as its integer kernels;
+LayerNorm, GELU and Softmax stay float (its QLinearSoftmax would compute a
+lookup table the simulation does not).
 """
 
-from .quantizer import PlatformPolicy, TensorPolicy
+from .quantizer import PlatformPolicy, TensorPolicy, TransformerPolicy
 from .target import TargetPlatform
 
 ORT_INT8_POLICY = PlatformPolicy(
@@ -17,5 +20,7 @@ ORT_INT8_POLICY = PlatformPolicy(
     bias_int32=True,
     runtime_kernels="onnxruntime",
     exporter="qdq_onnx",
+    transformer=TransformerPolicy(layer_norm="float", gelu="float", softmax="float", attention_matmul="quantize",
+                                  residual_add="quantize", embedding="float"),
     description="onnxruntime CPU: uint8 asymmetric activations, per-channel int8 weights, int32 bias",
 )

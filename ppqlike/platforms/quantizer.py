@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..core.errors import PlatformError
 from ..core.ir import Graph, Operation, Variable
 from ..core.op_facts import weight_channel_axis
 from ..core.quant import (OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
@@ -56,6 +57,44 @@ class TensorPolicy:
         return QuantizationPolicy(flags)
 
 
+#: What a platform may do with a transformer block (:mod:`ppqlike.core.patterns`): ``quantize`` — it runs on the
+#: integer grid (a computing op reads int8; a LayerNorm/GELU/Softmax block reads and writes int8 and computes
+#: inside in float, as a lookup table or a fused kernel does); ``float`` — it runs in float and its result is
+#: not quantized (its consumers quantize what they read).
+BLOCK_TREATMENTS = ("quantize", "float")
+
+
+@dataclass(frozen=True)
+class TransformerPolicy:
+    """What a platform does with each kind of transformer block (values from :data:`BLOCK_TREATMENTS`)."""
+
+    layer_norm: str = "float"
+    gelu: str = "quantize"
+    softmax: str = "quantize"
+    attention_matmul: str = "quantize"
+    residual_add: str = "quantize"
+    embedding: str = "float"
+
+    def __post_init__(self):
+        for kind, value in self.as_dict().items():
+            if value not in BLOCK_TREATMENTS:
+                raise PlatformError(f"transformer policy: {kind} treatment {value!r} is not one of "
+                                    f"{', '.join(BLOCK_TREATMENTS)}")
+
+    def treatment(self, kind: str) -> str:
+        """The treatment of a block kind ('LayerNorm', 'Gelu', 'Softmax', 'AttentionMatMul', 'ResidualAdd',
+        'Embedding')."""
+        return getattr(self, _BLOCK_FIELDS[kind])
+
+    def as_dict(self) -> dict[str, str]:
+        """Block kind -> treatment."""
+        return {kind: getattr(self, name) for kind, name in _BLOCK_FIELDS.items()}
+
+
+_BLOCK_FIELDS = {"LayerNorm": "layer_norm", "Gelu": "gelu", "Softmax": "softmax",
+                 "AttentionMatMul": "attention_matmul", "ResidualAdd": "residual_add", "Embedding": "embedding"}
+
+
 DEFAULT_QUANTIZABLE_TYPES = frozenset({
     "Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "Concat", "Relu", "Clip", "LeakyRelu",
     "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "MaxPool", "AveragePool", "GlobalAveragePool",
@@ -79,6 +118,7 @@ class PlatformPolicy:
     integer_requantization: bool = False        # True: multiplier + right shift (TPU-MLIR)
     runtime_kernels: str | None = None          # 'onnxruntime': simulate its integer CPU kernels bit for bit
     exporter: str = "qdq_onnx"
+    transformer: TransformerPolicy = TransformerPolicy()
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False)
 

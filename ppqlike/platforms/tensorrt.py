@@ -2,11 +2,14 @@
 
 Symmetric int8 activations per tensor, symmetric narrow-range per-channel
 weights, half-to-even rounding, bias kept float (TensorRT folds it in FP32),
-Conv/Gemm fused with Relu/Clip, Concat inputs aligned.  PPL CUDA differs only
+Conv/Gemm fused with Relu/Clip, Concat inputs aligned.  Transformers: TensorRT
+runs LayerNorm, GELU (fused into the GEMM epilogue), Softmax and residual Adds
+in float where no Q/DQ pair asks otherwise, and runs the attention MatMuls
+(Q K^T, probabilities x V) in int8 when their inputs are quantized.  PPL CUDA differs only
 in quantizing the bias to int32 and aligning Add inputs to the output.
 """
 
-from .quantizer import PlatformPolicy, TensorPolicy
+from .quantizer import PlatformPolicy, TensorPolicy, TransformerPolicy
 from .target import TargetPlatform
 
 TRT_INT8_POLICY = PlatformPolicy(
@@ -15,6 +18,8 @@ TRT_INT8_POLICY = PlatformPolicy(
     weight=TensorPolicy(num_of_bits=8, symmetric=True, per_channel=True, narrow_range=True),
     bias_int32=False,
     exporter="qdq_onnx",
+    transformer=TransformerPolicy(layer_norm="float", gelu="float", softmax="float", attention_matmul="quantize",
+                                  residual_add="float", embedding="float"),
     description="TensorRT: int8 symmetric activations (per tensor), per-channel int8 weights, float bias",
 )
 

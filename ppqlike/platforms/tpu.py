@@ -2,11 +2,15 @@
 
 Symmetric int8 activations and per-channel weights, int32 bias, rounding
 half away from zero (C ``round``), requantization by integer multiplier and
-right shift, KL calibration.
+right shift, KL calibration.  Transformers as TPU-MLIR lowers them for BM1684X in
+int8 mode: LayerNorm in F16 and Softmax in F32 (float here), GELU as a 256-entry
+lookup table from the int8 input to the int8 output (quantized in and out,
+float inside: exactly the table's values), attention MatMuls and residual Adds
+in int8.
 """
 
 from ..core.quant import RoundingPolicy
-from .quantizer import PlatformPolicy, TensorPolicy
+from .quantizer import PlatformPolicy, TensorPolicy, TransformerPolicy
 from .target import TargetPlatform
 
 TPU_INT8_POLICY = PlatformPolicy(
@@ -17,5 +21,7 @@ TPU_INT8_POLICY = PlatformPolicy(
     bias_int32=True,
     integer_requantization=True,
     exporter="tpu_mlir",
+    transformer=TransformerPolicy(layer_norm="float", gelu="quantize", softmax="float", attention_matmul="quantize",
+                                  residual_add="quantize", embedding="float"),
     description="TPU-MLIR: symmetric int8, per-channel weights, int32 bias, integer multiplier/shift requant",
 )

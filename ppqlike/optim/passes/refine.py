@@ -8,7 +8,9 @@ the op and its tensors and corrects them:
 * the bias of Conv/ConvTranspose/Gemm becomes a PASSIVE_INIT int32 config when
   the platform keeps int32 biases and both its masters (input and weight) are
   quantized, FP32 otherwise;
-* Clip bounds and the Pad value become PASSIVE_INIT (the grid of input 0).
+* Clip bounds and the Pad value become PASSIVE_INIT (the grid of input 0);
+* the tail of a decomposed transformer block (LayerNorm, GELU: :mod:`ppqlike.core.patterns`) keeps only its
+  output config: its inputs are computed inside the block, in float (FP32).
 
 Reads: INITIAL configs.  Writes: SOI, FP32 and PASSIVE_INIT states, and the bias configs.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.ir import Graph, Variable
+from ...core.patterns import find_transformer_blocks
 from ...core.quant import QuantizationStates
 from ...platforms import slots
 from ...platforms.quantizer import PlatformPolicy, PlatformQuantizer
@@ -41,8 +44,14 @@ class QuantizeRefinePass(QuantizationOptimizationPass):
         self.quantizer = PlatformQuantizer(policy)
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
-        counts = {"soi": 0, "non_float": 0, "bias": 0, "float_bias": 0, "passive": 0}
+        counts = {"soi": 0, "non_float": 0, "bias": 0, "float_bias": 0, "passive": 0, "block_inside": 0}
+        tails = {block.tail for block in find_transformer_blocks(graph) if len(block.operations) > 1}
         for operation in graph.topological_sort():
+            if operation.name in tails and operation.config is not None:
+                for tqc in operation.config.input_quantization_config:
+                    if tqc is not None and tqc.state is S.INITIAL:
+                        tqc.state = S.FP32
+                        counts["block_inside"] += 1
             self.refine_operation(operation, counts)
         return counts
 

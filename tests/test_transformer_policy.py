@@ -1,0 +1,145 @@
+"""Transformer blocks (issue 14): LayerNorm/GELU recognised in the forms exporters write, and each platform's
+transformer policy visible in the configs it writes; exports still compute what the simulation computes."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from onnx_helpers import run_executor, run_onnxruntime
+from shared_bench import BENCH_DIR, requires_bench
+from transformer_models import encoder_inputs, encoder_model
+from ppqlike import api
+from ppqlike.core.patterns import find_transformer_blocks
+from ppqlike.core.quant_graph import governing_config
+from ppqlike.export.verify import verify_export
+from ppqlike.io.load import load_graph
+from ppqlike.optim.setting import QuantizationSettingFactory
+from ppqlike.platforms.policies import PLATFORM_POLICIES
+from ppqlike.platforms.quantizer import TransformerPolicy
+from ppqlike.platforms.target import TargetPlatform
+
+STYLES = [("pytorch", "erf", 9, 5), ("mul_reciprocal", "erf_half_first", 8, 5), ("op", "erf", 1, 5),
+          ("op", "op", 1, 1)]
+CALIB = [encoder_inputs(8, 1), encoder_inputs(8, 2)]
+TEST = encoder_inputs(32, 3)
+
+
+@pytest.mark.parametrize("layer_norm,gelu,layer_norm_ops,gelu_ops", STYLES)
+def test_blocks_are_recognised_in_every_spelling(layer_norm, gelu, layer_norm_ops, gelu_ops):
+    model = encoder_model(layer_norm, gelu)
+    np.testing.assert_allclose(run_executor(model, {"x": TEST})[0], run_onnxruntime(model, {"x": TEST})[0],
+                               rtol=1e-4, atol=1e-4)
+    graph = load_graph(model)
+    blocks = find_transformer_blocks(graph)
+    assert Counter(b.kind for b in blocks) == {"LayerNorm": 2, "Gelu": 1, "Softmax": 1, "AttentionMatMul": 2,
+                                                "ResidualAdd": 2}
+    norms = [b for b in blocks if b.kind == "LayerNorm"]
+    assert [len(b.operations) for b in norms] == [layer_norm_ops] * 2
+    assert norms[0].source == "x"
+    (activation,) = [b for b in blocks if b.kind == "Gelu"]
+    assert len(activation.operations) == gelu_ops
+    assert graph.variables[activation.result].producer.name == activation.tail
+    owners = Counter(name for b in blocks for name in b.operations)
+    assert max(owners.values()) == 1  # an op belongs to one block at most
+
+
+def test_bias_adds_and_weight_matmuls_are_not_blocks():
+    graph = load_graph(encoder_model())
+    kinds = {name: b.kind for b in find_transformer_blocks(graph) for name in b.operations}
+    for operation in graph.operations.values():
+        if operation.type in ("MatMul", "Add") and any(v.is_parameter for v in operation.inputs):
+            assert kinds.get(operation.name) in (None, "LayerNorm", "Gelu"), operation
+
+
+def test_unrelated_erf_sub_and_skip_add_are_left_alone():
+    """An Erf without the GELU arithmetic around it, x - ReduceMean(x) without a variance, and an Add of two
+    activations away from any LayerNorm (the skip connections of CNNs) are no blocks."""
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node("Erf", ["x"], ["e"], name="erf"),
+             helper.make_node("ReduceMean", ["e"], ["m"], axes=[-1], name="mean"),
+             helper.make_node("Sub", ["e", "m"], ["s"], name="sub"),
+             helper.make_node("Add", ["s", "x"], ["y"], name="skip")]  # a CNN-style skip: no LayerNorm near
+    graph_proto = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    graph = load_graph(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 13)]))
+    assert find_transformer_blocks(graph) == []
+
+
+def _quantized(platform: str, **setting_changes):
+    setting = QuantizationSettingFactory.for_platform(platform)
+    for key, value in setting_changes.items():
+        setattr(setting, key, value)
+    return api.quantize_onnx_model(encoder_model(), CALIB, platform=platform, setting=setting)
+
+
+def _applied(config, side: str) -> list[bool]:
+    """Per slot: whether the value is on a quantization grid (its own config, or the one it overlaps)."""
+    configs = config.input_quantization_config if side == "input" else config.output_quantization_config
+    return [governing_config(c) is not None for c in configs]
+
+
+@pytest.mark.parametrize("platform", ["TRT_INT8", "ORT_INT8", "TPU_INT8", "DSP_INT8", "ACADEMIC_INT8"])
+def test_each_platform_policy_is_visible_in_its_configs(platform):
+    graph = _quantized(platform)
+    policy = PLATFORM_POLICIES[TargetPlatform.parse(platform)].transformer
+    blocks = find_transformer_blocks(graph)
+    for block in blocks:
+        tail = graph.operations[block.tail]
+        treatment = policy.treatment(block.kind)
+        for name in block.operations[:-1]:
+            assert graph.operations[name].config is None, (block.kind, name)  # computed inside, in float
+        if treatment == "float":
+            assert tail.config is None, (platform, block.kind)
+        elif block.kind == "AttentionMatMul":
+            assert all(_applied(tail.config, "input")), (platform, block.kind)
+        elif len(block.operations) > 1:  # a decomposed block: float inside, quantized result
+            assert not any(_applied(tail.config, "input")) and all(_applied(tail.config, "output")), block
+        else:
+            assert tail.config is not None, (platform, block.kind)
+    summary = graph.metadata["quantization"]["dispatch"]["blocks"]
+    assert set(summary) == {"LayerNorm", "Gelu", "Softmax", "AttentionMatMul", "ResidualAdd"}
+    for kind, labels in summary.items():
+        assert labels == {"TARGET" if policy.treatment(kind) == "quantize" else "FP32": Counter(
+            b.kind for b in blocks)[kind]}
+
+
+def test_platform_policies_follow_their_targets():
+    """TensorRT and onnxruntime keep LayerNorm/GELU/Softmax in float; TPU-MLIR's int8 lowering makes GELU a
+    lookup table (quantized in and out) and keeps LayerNorm (F16) and Softmax (F32) in float."""
+    trt, ort, tpu = (PLATFORM_POLICIES[TargetPlatform.parse(n)].transformer for n in ("TRT_INT8", "ORT_INT8", "TPU_INT8"))
+    assert trt.as_dict() == {"LayerNorm": "float", "Gelu": "float", "Softmax": "float",
+                             "AttentionMatMul": "quantize", "ResidualAdd": "float", "Embedding": "float"}
+    assert ort.residual_add == "quantize" and ort.softmax == "float" and ort.layer_norm == "float"
+    assert tpu.gelu == "quantize" and tpu.softmax == "float" and tpu.layer_norm == "float"
+    with pytest.raises(Exception, match="treatment"):
+        TransformerPolicy(softmax="int4")
+
+
+def test_dispatching_table_overrides_the_policy():
+    graph = _quantized("TRT_INT8")
+    residual = next(b for b in find_transformer_blocks(graph) if b.kind == "ResidualAdd")
+    assert graph.operations[residual.tail].config is None
+    pinned = _quantized("TRT_INT8", dispatching_table={residual.tail: "TARGET"})
+    assert pinned.operations[residual.tail].config is not None
+    assert pinned.metadata["quantization"]["dispatch"]["pinned"] == {residual.tail: "TARGET"}
+
+
+@pytest.mark.parametrize("platform", ["TRT_INT8", "ORT_INT8", "TPU_INT8", "DSP_INT8"])
+def test_transformer_exports_match_the_simulation(platform):
+    graph = _quantized(platform)
+    result = verify_export(graph, TEST, optimizations=("disable",))
+    stats = result["end_to_end"]["disable"]["y"]
+    assert stats["within_one_step"] >= 0.999 and stats["cosine"] >= 0.9999, stats
+
+
+@requires_bench
+def test_vit_blocks_are_all_found():
+    graph = load_graph(str(BENCH_DIR / "models" / "vit_s_focus.onnx"))
+    kinds = Counter(b.kind for b in find_transformer_blocks(graph))
+    # 12 blocks: 2 LayerNorms each and the final one, GELU and Softmax once, 2 attention MatMuls, 2 residual
+    # Adds (plus the position-embedding Add)
+    assert kinds["LayerNorm"] == 25 and kinds["Gelu"] == 12 and kinds["Softmax"] == 12
+    assert kinds["AttentionMatMul"] == 24 and kinds["ResidualAdd"] >= 24
