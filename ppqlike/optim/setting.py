@@ -76,6 +76,8 @@ class QuantizationSetting(PPQSettingViews):
     weights: ``adaround_steps`` Adam iterations per layer on
     ``adaround_samples`` rows of the layer's input, after a search of the
     weight range),
+    ``smooth_quant`` (SmoothQuant: LayerNorm output outliers moved into the next weights;
+    ``smooth_quant_alpha`` the migration strength, None: chosen per LayerNorm on the calibration data),
     ``accuracy_target`` (None: off; else the output cosine against FP32 to
     reach by moving the fewest ops to FP32, measured on
     ``mixed_precision_batches`` calibration batches, at most
@@ -115,6 +117,8 @@ class QuantizationSetting(PPQSettingViews):
     adaround: bool = False
     adaround_steps: int = 500
     adaround_samples: int = 4096
+    smooth_quant: bool = False
+    smooth_quant_alpha: float | None = None
     accuracy_target: float | None = None
     mixed_precision_batches: int = 2
     mixed_precision_max_ops: int | None = None
@@ -159,6 +163,9 @@ class QuantizationSetting(PPQSettingViews):
         if not (isinstance(self.equalization_max_scale, (int, float)) and self.equalization_max_scale >= 1):
             raise PlatformError(f"setting.equalization_max_scale must be a number >= 1, "
                                 f"got {self.equalization_max_scale!r}")
+        alpha = self.smooth_quant_alpha
+        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1):
+            raise PlatformError(f"setting.smooth_quant_alpha must be None or a number in [0, 1], got {alpha!r}")
         budget = self.time_budget_s
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0):
             raise PlatformError(f"setting.time_budget_s must be None or a number of seconds >= 0, got {budget!r}")

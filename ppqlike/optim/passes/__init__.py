@@ -14,8 +14,9 @@ from .refine import QuantizeRefinePass
 from .requantization import IntegerRequantizationPass
 from .runtime_kernels import RuntimeKernelPass
 from .simplify import QuantizationSimplifyPass
+from .smooth_quant import SmoothQuantPass
 
 __all__ = ["QuantizeRefinePass", "FusionPass", "QuantizationSimplifyPass", "ParameterQuantizePass", "RuntimeCalibrationPass",
            "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass",
            "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass",
-           "RuntimeKernelPass"]
+           "RuntimeKernelPass", "SmoothQuantPass"]

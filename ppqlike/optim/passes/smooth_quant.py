@@ -1,0 +1,206 @@
+"""SmoothQuant (Xiao et al. 2023): move activation outliers out of a LayerNorm's result into the next weights.
+
+Transformer activations have a few channels far larger than the rest, so one per-tensor int8 scale wastes
+the grid on them; weights are quantized per output channel and take a per-input-channel factor almost for
+free.  For each LayerNorm whose result is read only by MatMul/Gemm ops with constant weights, input channel
+j is divided by s_j and the matching weight row multiplied by s_j:
+
+    s_j = max|X_j| ** alpha / max|W_j| ** (1 - alpha),   X' = X / s,   W' = diag(s) W,   X' W' = X W
+
+The division goes into the LayerNorm's gamma and beta (``y = n * gamma + beta``, so ``y / s`` is
+``n * (gamma / s) + beta / s``): the FP32 function is unchanged, up to float rounding.  ``alpha`` is chosen per
+LayerNorm on the calibration data (unless given): among :data:`ALPHAS` and no smoothing at all, the one whose
+int8 product — per-tensor symmetric activations, per-channel weights, both max-scaled — is closest to the
+FP32 product on a sample of the LayerNorm's result rows (relative squared error, summed over the readers).
+
+Reads: FP32 weights and the LayerNorm's gamma/beta (configs still INITIAL: run before the parameter pass), the
+calibration data (FP32 forward).  Writes: ``Variable.value`` of gamma, beta and the readers' weights (new
+float32 arrays); no config changes.  Skipped, with the reason in the report: LayerNorms without gamma, whose
+gamma/beta/weights are shared with other ops, or whose result is a graph output or read by anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ...core.ir import Graph, Operation, Variable
+from ...core.patterns import LAYER_NORM, Block, find_transformer_blocks
+from ...executor import NumpyExecutor
+from ..base import QuantizationOptimizationPass, iterate_calibration
+
+#: The migration strengths tried per LayerNorm (0 = no smoothing is always a candidate too).
+ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+_SCALE_BOUNDS = (1e-4, 1e4)
+
+
+@dataclass
+class _Group:
+    """One LayerNorm and the weights its result feeds: ``weights`` are (variable, input-channel axis)."""
+
+    block: Block
+    gamma: Variable
+    beta: Variable | None
+    weights: list[tuple[Variable, int]]
+
+
+def channel_scales(activation_max: np.ndarray, weight_max: np.ndarray, alpha: float) -> np.ndarray:
+    """s_j = amax_j ** alpha / wmax_j ** (1 - alpha), kept in [1e-4, 1e4] (1 where a channel is all zero)."""
+    activation_max = np.maximum(activation_max.astype(np.float64), 1e-8)
+    weight_max = np.maximum(weight_max.astype(np.float64), 1e-8)
+    scales = activation_max ** alpha / weight_max ** (1.0 - alpha)
+    return np.clip(scales, *_SCALE_BOUNDS)
+
+
+def int8_product_error(rows: np.ndarray, weights: list[np.ndarray], scales: np.ndarray) -> float:
+    """Relative squared error of the int8 product of (rows / s) and (diag(s) W), summed over ``weights``
+    ([C_in, C_out] each): per-tensor symmetric activations, per-output-channel symmetric weights."""
+    smoothed = rows / scales
+    step = max(float(np.abs(smoothed).max()), 1e-12) / 127.0
+    quantized_rows = np.clip(np.round(smoothed / step), -128, 127) * step
+    error = 0.0
+    for weight in weights:
+        scaled = weight * scales[:, None]
+        weight_step = np.maximum(np.abs(scaled).max(axis=0, keepdims=True), 1e-12) / 127.0
+        quantized_weight = np.clip(np.round(scaled / weight_step), -127, 127) * weight_step
+        reference = rows @ weight
+        error += float(((quantized_rows @ quantized_weight - reference) ** 2).sum() /
+                       max(float((reference ** 2).sum()), 1e-30))
+    return error
+
+
+class SmoothQuantPass(QuantizationOptimizationPass):
+    """Migrate LayerNorm output outliers into the next weights (see the module docstring)."""
+
+    name = "smooth_quant"
+
+    def __init__(self, alpha: float | None = None, rows: int = 2048, steps: int | None = None,
+                 verbose: bool = False):
+        self.alpha, self.rows, self.steps, self.verbose = alpha, rows, steps, verbose
+
+    def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
+                 calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
+        groups, skipped = smoothable_groups(graph)
+        if not groups:
+            return {"smoothed": 0, "skipped": skipped}
+        executor = executor or NumpyExecutor(graph)
+        names = [group.block.result for group in groups]
+        maxima = {name: None for name in names}
+        samples: dict[str, list[np.ndarray]] = {name: [] for name in names}
+        rng = np.random.default_rng(0)
+        steps = self.steps if self.steps is not None else calib_steps
+        for batch in iterate_calibration(dataloader, steps, collate_fn, "smooth quant", self.verbose):
+            for name, value in zip(names, executor.forward(batch, output_names=names)):
+                flat = np.abs(value.reshape(-1, value.shape[-1]))
+                peak = flat.max(axis=0)
+                maxima[name] = peak if maxima[name] is None else np.maximum(maxima[name], peak)
+                chosen = rng.choice(len(flat), size=min(len(flat), self.rows), replace=False)
+                samples[name].append(value.reshape(-1, value.shape[-1])[chosen].astype(np.float64))
+        details = []
+        for group in groups:
+            name = group.block.result
+            rows = np.concatenate(samples[name])
+            rows = rows[rng.choice(len(rows), size=min(len(rows), self.rows), replace=False)]
+            alpha, scales = self._choose(group, maxima[name], rows)
+            before = float(maxima[name].max())
+            if scales is not None:
+                _apply(group, scales)
+            details.append({"layer_norm": group.block.tail, "alpha": alpha, "readers": len(group.weights),
+                            "activation_max_before": round(before, 4),
+                            "activation_max_after": round(float((maxima[name] / (1 if scales is None else scales))
+                                                                .max()), 4)})
+        return {"smoothed": sum(d["alpha"] is not None for d in details), "layer_norms": details,
+                "skipped": skipped}
+
+    def _choose(self, group: _Group, activation_max: np.ndarray, rows: np.ndarray):
+        weights = [_rows_first(variable.value, axis).astype(np.float64) for variable, axis in group.weights]
+        weight_max = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
+        if self.alpha is not None:
+            return self.alpha, channel_scales(activation_max, weight_max, self.alpha)
+        best = (int8_product_error(rows, weights, np.ones(len(weight_max))), None, None)
+        for alpha in ALPHAS:
+            scales = channel_scales(activation_max, weight_max, alpha)
+            error = int8_product_error(rows, weights, scales)
+            if error < best[0]:
+                best = (error, alpha, scales)
+        return best[1], best[2]
+
+
+def smoothable_groups(graph: Graph) -> tuple[list[_Group], list[dict]]:
+    """The LayerNorms whose result can absorb a per-channel division (and why the others cannot)."""
+    groups, skipped = [], []
+    outputs = {variable.name for variable in graph.outputs}
+    for block in find_transformer_blocks(graph):
+        if block.kind != LAYER_NORM:
+            continue
+        tail = graph.operations[block.tail]
+        gamma, beta, reason = _gamma_beta(graph, block)
+        result = graph.variables[block.result]
+        readers = list(dict.fromkeys(result.consumers))
+        weights = [_weight_of(reader, result) for reader in readers]
+        if reason is None and (block.result in outputs or not readers):
+            reason = "its result is a graph output or unread"
+        if reason is None and any(w is None for w in weights):
+            reason = "its result is read by an op other than a MatMul/Gemm with a constant weight"
+        if reason is None and any(len(set(v.consumers)) > 1 for v, _ in weights):
+            reason = "a weight it feeds is shared with other ops"
+        if reason is None:
+            channels = {v.value.shape[axis] for v, axis in weights}
+            sizes = {gamma.value.size} | ({beta.value.size} if beta is not None else set())
+            if len(channels) != 1 or not sizes <= {1, *channels}:
+                reason = "its readers' weights and its gamma/beta disagree on the channel count"
+        if reason is not None:
+            skipped.append({"layer_norm": tail.name, "reason": reason})
+            continue
+        groups.append(_Group(block, gamma, beta, weights))
+    return groups, skipped
+
+
+def _gamma_beta(graph: Graph, block: Block) -> tuple[Variable | None, Variable | None, str | None]:
+    tail = graph.operations[block.tail]
+    if tail.type == "LayerNormalization":
+        gamma = tail.inputs[1] if len(tail.inputs) > 1 else None
+        beta = tail.inputs[2] if len(tail.inputs) > 2 else None
+        if tail.attributes.get("axis", -1) not in (-1, len(tail.inputs[0].shape or ()) - 1):
+            return None, None, "it normalises over more than the last axis"
+    else:
+        ops = [graph.operations[name] for name in block.operations]
+        scale = next((op for op in ops if op.type == "Mul" and any(v.is_parameter for v in op.inputs)), None)
+        shift = next((op for op in ops[-1:] if op.type == "Add" and any(v.is_parameter for v in op.inputs)), None)
+        gamma = next((v for v in scale.inputs if v.is_parameter), None) if scale else None
+        beta = next((v for v in shift.inputs if v.is_parameter), None) if shift else None
+    if gamma is None or not gamma.is_parameter:
+        return None, None, "it has no constant gamma to absorb the scales"
+    if len(set(gamma.consumers)) > 1 or (beta is not None and len(set(beta.consumers)) > 1):
+        return None, None, "its gamma or beta is shared with other ops"
+    return gamma, beta, None
+
+
+def _weight_of(reader: Operation, activation: Variable) -> tuple[Variable, int] | None:
+    """(weight, axis of its input channels) when ``reader`` multiplies ``activation`` by a constant weight."""
+    if reader.type == "MatMul" and reader.inputs[0] is activation and reader.inputs[1].is_parameter \
+            and reader.inputs[1].value.ndim == 2:
+        return reader.inputs[1], 0
+    if reader.type == "Gemm" and reader.inputs[0] is activation and reader.inputs[1].is_parameter \
+            and not reader.attributes.get("transA", 0):
+        return reader.inputs[1], 1 if reader.attributes.get("transB", 0) else 0
+    return None
+
+
+def _rows_first(weight: np.ndarray, axis: int) -> np.ndarray:
+    return weight if axis == 0 else weight.T
+
+
+def _apply(group: _Group, scales: np.ndarray) -> None:
+    channels = len(scales)
+    group.gamma.value = (np.broadcast_to(group.gamma.value, (channels,)) / scales).astype(np.float32)
+    if group.beta is not None:
+        group.beta.value = (np.broadcast_to(group.beta.value, (channels,)) / scales).astype(np.float32)
+    for variable, axis in group.weights:
+        factor = scales[:, None] if axis == 0 else scales[None, :]
+        variable.value = (variable.value * factor).astype(np.float32)
+    for variable in (group.gamma, group.beta):
+        if variable is not None:
+            variable.shape, variable.dtype = list(variable.value.shape), variable.value.dtype
