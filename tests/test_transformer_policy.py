@@ -143,3 +143,28 @@ def test_vit_blocks_are_all_found():
     # Adds (plus the position-embedding Add)
     assert kinds["LayerNorm"] == 25 and kinds["Gelu"] == 12 and kinds["Softmax"] == 12
     assert kinds["AttentionMatMul"] == 24 and kinds["ResidualAdd"] >= 24
+
+
+def test_tpu_gelu_is_an_int8_lookup_table():
+    """TPU-MLIR lowers GELU in int8 to a 256-entry table from the int8 input to the int8 output: the simulated
+    block (int8 source, float inside, int8 result) equals that table indexed by the input's integer."""
+    from math import erf
+
+    from ppqlike.executor import NumpyExecutor
+    from ppqlike.executor.simulation import apply_output_config
+    graph = _quantized("TPU_INT8")
+    block = next(b for b in find_transformer_blocks(graph) if b.kind == "Gelu")
+    source_config = governing_config(graph.variables[block.source].producer.config.output_quantization_config[0])
+    tail_config = graph.operations[block.tail].config.output_quantization_config[0]
+    assert source_config is not None and governing_config(tail_config) is not None
+    source, result = NumpyExecutor(graph).forward({"x": TEST}, output_names=[block.source, block.result])
+    scale = float(source_config.scale)
+    integers = np.rint(source / scale).astype(np.int64)
+    np.testing.assert_allclose(integers * scale, source, rtol=1e-6, atol=1e-6 * scale)  # the input is int8
+    levels = np.arange(source_config.quant_min, source_config.quant_max + 1) * scale
+    table = apply_output_config(tail_config, np.array([0.5 * v * (1 + erf(v / np.sqrt(2))) for v in levels],
+                                                      np.float32))
+    expected = table[integers - source_config.quant_min]
+    step = float(tail_config.scale)
+    assert np.mean(np.abs(expected - result) < 1e-6) >= 0.999  # float erf vs the graph's ops: rare boundary flips
+    assert np.abs(expected - result).max() <= step * 1.0001
