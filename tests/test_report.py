@@ -105,7 +105,8 @@ def test_report_structure_bars_and_escaping(analysed, tmp_path):
     for heading in ("Settings", "Dispatch", "Per-layer error (graph-wise)", "Per-layer sensitivity (layer-wise)",
                     "Stage comparison", "What the passes did", "More"):
         assert heading in text, heading
-    assert "Accuracy / user passes: bias_correction" in text
+    # balanced runs SmoothQuant (nothing to do on a CNN: no LayerNorm), then the inserted pass
+    assert "Accuracy / user passes: smooth_quant, bias_correction" in text
     for name in ("fusion", "calibration", "baking", "corrected"):
         assert name in text
     assert "TARGET" in text and "fp32_onnx" in text and "ir_float" in text

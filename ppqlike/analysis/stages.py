@@ -31,6 +31,7 @@ import numpy as np
 from ..core.ir import Graph
 from ..executor import NumpyExecutor
 from ..executor.simulation import dequantized
+from ..io.onnx_files import onnxruntime_session
 from .metrics import ErrorStats
 
 STAGES = ("fp32_onnx", "ir_float", "quantized", "exported")
@@ -51,8 +52,8 @@ def _session(model, optimization: str):
         source: Any = os.fspath(model)
     elif isinstance(model, (bytes, bytearray)):
         source = bytes(model)
-    else:  # onnx.ModelProto
-        source = model.SerializeToString()
+    else:  # onnx.ModelProto, written with external data when over 2 GB
+        return onnxruntime_session(model, options)
     return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 

@@ -4,6 +4,8 @@
   TensorRT and PPL CUDA also get ``<model>.dynamic_range.json`` beside it.
 * ``tpu_mlir``: the QDQ ONNX model, plus ``<model>_cali_table`` and ``<model>_qtable`` beside it.
 
+A model over 2 GB keeps its weights in ``<model>.data`` beside it (``io.onnx_files.write_onnx_model``).
+
 With ``config_save_to`` the JSON of every config is written too.  The files appear together or
 not at all (staged beside their destinations, then renamed); none may be the graph's source model.
 """
@@ -99,5 +101,6 @@ def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=No
         if config_save_to is not None:
             export_config_json(graph, temporary[os.fspath(config_save_to)])
     paths = [os.path.abspath(path) for path in paths]
+    paths[1:1] = report.get("files", [])[1:]  # the model's external data file, when it has one
     warn_rounding(report["rounding_mismatch"], stacklevel=stacklevel + 1)
     return paths

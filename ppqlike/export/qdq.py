@@ -41,7 +41,8 @@ from ..core.errors import ExportError
 from ..core.ir import Graph, Operation, Variable
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..executor.simulation import apply_config
-from ..io.files import MAX_IR_VERSION, atomic_write_bytes
+from ..io.files import MAX_IR_VERSION
+from ..io.onnx_files import check_onnx_model, write_onnx_model
 from ..io.onnx_export import export_onnx_model
 from .opset_upgrade import tensor_views, upgraded_model
 from .common import (config_id, is_param_slot, quantizes, rounding_mismatch, source_path, storage_type,
@@ -347,11 +348,11 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
     opset_final = max(target, builder.opset_needed)
     if opset_final > target:  # 16-bit activations found late (only when the dry run missed a case)
         raise ExportError(f"graph {graph.name!r} needs opset {opset_final}; pass opset={opset_final}")
-    onnx_graph = helper.make_graph(nodes, base.graph.name, list(base.graph.input), list(base.graph.output),
-                                   initializers)
+    onnx_graph = helper.make_graph(nodes, base.graph.name, list(base.graph.input), list(base.graph.output))
     imports = [helper.make_opsetid(e.domain, target if e.domain in ("", "ai.onnx") else e.version)
                for e in base.opset_import]
     model = helper.make_model(onnx_graph, opset_imports=imports, producer_name="ppqlike")
+    model.graph.initializer.extend(initializers)  # after make_model, which copies its graph
     model.ir_version = MAX_IR_VERSION
     mismatch = rounding_mismatch(graph)
     meta = graph.metadata.get("quantization") or {}
@@ -361,7 +362,7 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
     helper.set_model_props(model, props)
     if check:
         try:
-            onnx.checker.check_model(model)
+            check_onnx_model(model)
         except onnx.checker.ValidationError as error:
             raise ExportError(f"the QDQ export of {graph.name!r} is not a valid ONNX model: {error}") from None
     report = {"opset": target, "ir_version": model.ir_version, **builder.counts,
@@ -390,12 +391,7 @@ def export_qdq_onnx(graph: Graph, path: str | os.PathLike, qdq_per_consumer: boo
     model, report = build_qdq_model(graph, qdq_per_consumer=qdq_per_consumer,
                                     uint8_activations=uint8_activations, opset=opset,
                                     uint8_weights=uint8_weights)
-    try:
-        data = model.SerializeToString()
-    except ValueError as error:
-        raise ExportError(f"cannot write {os.fspath(path)!r}: the model does not fit in one protobuf file "
-                          f"({error})") from None
-    atomic_write_bytes(path, data, protect=(source_path(graph), *protect))
+    report["files"] = write_onnx_model(path, model, protect=(source_path(graph), *protect))
     if warn:
         warn_rounding(report["rounding_mismatch"])
     report["path"] = os.path.abspath(os.fspath(path))

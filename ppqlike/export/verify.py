@@ -27,6 +27,7 @@ from onnx import helper
 
 from ..core.ir import Graph
 from ..executor import NumpyExecutor
+from ..io.onnx_files import onnxruntime_session
 from .common import governing_config, output_steps, quantizes, rounding_mismatch
 from .qdq import build_qdq_model
 
@@ -41,7 +42,7 @@ def run_qdq_model(model: onnx.ModelProto, feeds: dict, outputs=None, optimizatio
     options = ort.SessionOptions()
     options.graph_optimization_level = _LEVELS[optimization]
     options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = onnxruntime_session(model, options)
     return session.run(outputs, feeds)
 
 

@@ -1,7 +1,9 @@
-"""Files: the IR version ppqlike writes, reading JSON, and writing a file whole or not at all."""
+"""Files: the IR version ppqlike writes, reading JSON, and writing files whole or not at all (ONNX models
+of any size: :mod:`ppqlike.io.onnx_files`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -55,11 +57,47 @@ def same_file(first: str | os.PathLike, second: str | os.PathLike) -> bool:
 
 
 def check_not_protected(path: str | os.PathLike, protect: tuple = ()) -> None:
-    """ExportError when ``path`` is one of the ``protect`` paths (the user's input model)."""
+    """ExportError when ``path`` is one of the ``protect`` paths (the user's input model) or an
+    external data file one of them reads."""
     for other in protect:
-        if other is not None and same_file(path, other):
+        if other is None:
+            continue
+        if same_file(path, other):
             raise ExportError(f"refusing to write {os.path.abspath(os.fspath(path))!r}: it is the input model "
                               f"{os.fspath(other)!r}; choose another output path")
+        if os.path.exists(path) and any(same_file(path, data) for data in _data_files_of(other, path)):
+            raise ExportError(f"refusing to write {os.path.abspath(os.fspath(path))!r}: it holds external weight "
+                              f"data of the input model {os.fspath(other)!r}; choose another output path")
+
+
+def _data_files_of(model_path, near) -> tuple:
+    """The external data files of the ONNX file ``model_path``, looked at only when ``near`` (an existing
+    file) lies in its folder, where the loader requires them to be."""
+    try:
+        folder = os.path.dirname(os.path.realpath(os.fspath(model_path)))
+        if os.path.commonpath([folder, os.path.realpath(os.fspath(near))]) != folder:
+            return ()
+        status = os.stat(model_path)
+    except (OSError, ValueError):
+        return ()
+    return _external_locations(os.path.realpath(os.fspath(model_path)), status.st_mtime_ns, status.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _external_locations(path: str, mtime_ns: int, size: int) -> tuple:
+    import onnx
+    from .onnx_files import tensor_slots
+    if size >= 2 ** 31:
+        return ()
+    try:
+        with open(path, "rb") as handle:
+            model = onnx.ModelProto.FromString(handle.read())
+    except Exception:  # not readable, or not an ONNX model: it reads no data files
+        return ()
+    folder = os.path.dirname(path)
+    return tuple({os.path.join(folder, entry.value) for _, tensor in tensor_slots(model)
+                  if tensor.data_location == onnx.TensorProto.EXTERNAL
+                  for entry in tensor.external_data if entry.key == "location"})
 
 
 def _create_private(directory: str, prefix: str, suffix: str) -> tuple[int, str]:
@@ -87,6 +125,10 @@ class StagedFiles:
         self.protect = tuple(p for p in protect if p is not None)
         self.pending: list[tuple[str, str]] = []
 
+    def destination(self, temporary: str) -> str:
+        """The destination a temporary path from :meth:`reserve` is renamed onto."""
+        return dict(self.pending)[temporary]
+
     def reserve(self, path: str | os.PathLike) -> str:
         final = os.path.abspath(os.fspath(path))
         check_not_protected(final, self.protect)
@@ -103,12 +145,14 @@ class StagedFiles:
             raise ExportError(f"cannot write into folder {directory!r}: {error.strerror}") from None
         os.close(handle)
         self.pending.append((temporary, final))
+        _STAGED[temporary] = self
         return temporary
 
     def __enter__(self) -> "StagedFiles":
         return self
 
     def __exit__(self, kind, value, traceback) -> bool:
+        self._forget()
         if kind is None:
             try:
                 for temporary, final in self.pending:
@@ -126,6 +170,15 @@ class StagedFiles:
                 os.unlink(temporary)
             except OSError:
                 pass
+
+    def _forget(self) -> None:
+        for temporary, _ in self.pending:
+            _STAGED.pop(temporary, None)
+
+
+#: temporary path -> the open StagedFiles that reserved it (so that a model written there can name its data
+#: file after the destination and stage it alongside)
+_STAGED: dict[str, StagedFiles] = {}
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, protect: tuple = ()) -> None:

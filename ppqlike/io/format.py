@@ -21,6 +21,7 @@ from .fold import fold_batchnorm, fold_bias_add
 from .fold_pad import fold_pad_into_conv
 from .format_report import FormatReport, finish_report, remove_dead_code, start_report
 from .onnx_export import operation_to_node
+from .onnx_files import onnxruntime_session
 from .shapes import infer_shapes, is_static, set_input_shapes
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -89,7 +90,7 @@ def _run_onnxruntime(graph: Graph, operations: list, known: dict) -> dict:
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 1
     options.log_severity_level = 3
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = onnxruntime_session(model, options)
     return dict(zip(produced, session.run(None, {})))
 
 

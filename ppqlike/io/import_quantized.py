@@ -39,6 +39,7 @@ from ..core.op_facts import BIAS_TYPES
 from ..core.quant import (OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
                           QuantizationStates, RoundingPolicy, TensorQuantizationConfig)
 from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
+from .onnx_files import onnxruntime_session
 from .onnx_import import describe_source, graph_from_model, read_model
 from .qoperator import is_qoperator, qoperator_to_qdq
 
@@ -259,7 +260,7 @@ def onnxruntime_fused_outputs(model: onnx.ModelProto) -> set[str]:
     options.intra_op_num_threads = 1
     with tempfile.TemporaryDirectory(prefix="ppqlike-ort-") as folder:
         options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
-        onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        onnxruntime_session(model, options)
         optimized = onnx.load(options.optimized_model_filepath)
     return {name for node in optimized.graph.node for name in node.output}
 

@@ -2,7 +2,8 @@
 
 Writes the graph back as a ModelProto: parameters become initializers (in
 first-use order), optional inputs left out become empty names, dynamic
-dimensions keep their names.  Files are written atomically (``io.files``).
+dimensions keep their names.  Files are written atomically, with external data when over 2 GB
+(``io.onnx_files``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..core.errors import ExportError
 from ..core.ir import Graph, Operation, Variable
-from .files import MAX_IR_VERSION, atomic_write_bytes
-
+from .files import MAX_IR_VERSION
+from .onnx_files import write_onnx_model
 
 
 def _value_info(variable: Variable) -> onnx.ValueInfoProto:
@@ -49,6 +49,17 @@ def operation_to_node(operation: Operation) -> onnx.NodeProto:
     return node
 
 
+def _fill_tensor(tensor: onnx.TensorProto, array: np.ndarray, name: str) -> None:
+    """Write ``array`` into ``tensor`` as numpy_helper.from_array does, without an intermediate proto."""
+    if array.dtype.kind not in "biufc":  # strings and onnx's own types (bfloat16, float8, 4-bit)
+        tensor.CopyFrom(numpy_helper.from_array(array, name))
+        return
+    tensor.name = name
+    tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+    tensor.dims.extend(array.shape)
+    tensor.raw_data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
 def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict | None = None,
                       keep_value_info: bool = False) -> onnx.ModelProto:
     """Build a ModelProto from ``graph``.
@@ -62,12 +73,12 @@ def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict
         for variable in operation.inputs:
             if variable is not None and variable.is_parameter and variable.name not in written \
                     and variable.name not in interface:
-                initializers.append(numpy_helper.from_array(np.asarray(variable.value), variable.name))
+                initializers.append(variable)
                 written.add(variable.name)
         nodes.append(operation_to_node(operation))
     for variable in graph.outputs:  # a graph output that is a constant
         if variable.is_parameter and variable.name not in written:
-            initializers.append(numpy_helper.from_array(np.asarray(variable.value), variable.name))
+            initializers.append(variable)
             written.add(variable.name)
     value_info = []
     if keep_value_info:
@@ -75,8 +86,7 @@ def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict
                       if not v.is_parameter and v.shape is not None and v not in graph.inputs
                       and v not in graph.outputs and v.producer is not None]
     onnx_graph = helper.make_graph(nodes, graph.name, [_value_info(v) for v in graph.inputs],
-                                   [_value_info(v) for v in graph.outputs], initializers,
-                                   value_info=value_info)
+                                   [_value_info(v) for v in graph.outputs], value_info=value_info)
     imports = dict(graph.metadata.get("opset_imports", {}))
     imports.pop("ai.onnx", None)
     imports[""] = opset or graph.opset
@@ -86,6 +96,8 @@ def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict
             imports[operation.domain] = 1
     model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid(d, v) for d, v in imports.items()],
                               producer_name="ppqlike")
+    for variable in initializers:  # written into the model's own graph: one copy of the weights
+        _fill_tensor(model.graph.initializer.add(), np.asarray(variable.value), variable.name)
     # Keep the source's IR version where it can express the opsets, else the lowest that can.
     needed = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
     source_ir = int(graph.metadata.get("ir_version") or MAX_IR_VERSION)
@@ -96,13 +108,12 @@ def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict
 
 
 def save_onnx_graph(graph: Graph, path: str | os.PathLike, opset: int | None = None,
-                    protect: tuple = ()) -> onnx.ModelProto:
-    """Export ``graph`` and write it to ``path`` atomically; returns the ModelProto."""
+                    protect: tuple = (), external_data: bool | None = None) -> onnx.ModelProto:
+    """Export ``graph`` and write it to ``path`` atomically; returns the ModelProto.
+
+    ``external_data`` (None: only for models over 2 GB): weights in ``<file name>.data`` beside it,
+    see :func:`ppqlike.io.onnx_files.write_onnx_model`.
+    """
     model = export_onnx_model(graph, opset=opset)
-    try:
-        data = model.SerializeToString()
-    except ValueError as error:  # protobuf refuses messages over 2 GB
-        raise ExportError(f"cannot write {os.fspath(path)!r}: the model does not fit in one protobuf "
-                          f"file ({error}); models over 2 GB need external data") from None
-    atomic_write_bytes(path, data, protect=protect)
+    write_onnx_model(path, model, protect=protect, external_data=external_data)
     return model

@@ -1,8 +1,8 @@
 """ONNX → Graph.
 
 Reads a model (a path, bytes or a ModelProto) of opsets 11-21 in the default domain:
-initializers and Constant nodes become parameters, external data is loaded
-from beside the file, dynamic dimensions are kept as names (or None), a weight
+initializers and Constant nodes become parameters, external data is read
+from beside the file straight into arrays, dynamic dimensions are kept as names (or None), a weight
 shared by several ops stays one variable, and a graph input that is also an
 initializer becomes a parameter.  Every fault is a ModelLoadError or
 GraphError naming the file and what is wrong; nothing is ever written.
@@ -16,11 +16,13 @@ from typing import Any
 import networkx as nx
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from ..core.errors import GraphError, ModelLoadError
 from ..core.ir import Graph
-from .files import check_allocation
+from .onnx_files import check_onnx_model
+from .tensor_data import (check_external_data, has_external_data, read_external_data, sparse_to_dense,
+                          tensor_value)
 
 MIN_OPSET, MAX_OPSET = 11, 21
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -33,16 +35,18 @@ def describe_source(source: Any) -> str:
     return "the given bytes" if isinstance(source, (bytes, bytearray)) else "the given model"
 
 
-def read_model(source: Any) -> onnx.ModelProto:
+def read_model(source: Any, arrays: dict | None = None) -> onnx.ModelProto:
     """Load and check a ModelProto from a path, bytes or a ModelProto (ModelLoadError, GraphError).
 
-    Checks, in order: the bytes parse, external data is readable, the
-    default-domain opset is one ppqlike reads (11-21), every node
+    Checks, in order: the bytes parse, external data files are inside the model's folder and long
+    enough, the default-domain opset is one ppqlike reads (11-21), every node
     of the default domain is a known ONNX operator, every node input is
-    produced, the nodes form no cycle, then ``onnx.checker``.  Nodes out of
-    topological order (but acyclic) are reordered on a copy.  Never writes.
+    produced, the nodes form no cycle, then ``onnx.checker``; then external data is read: into
+    ``arrays`` when given (for :func:`graph_from_model`; the proto keeps its references), else into
+    the proto.  Nodes out of topological order (but acyclic) are reordered on a copy.  Never writes.
     """
     where = describe_source(source)
+    folder = None
     if isinstance(source, onnx.ModelProto):
         model = source
     elif isinstance(source, (bytes, bytearray)):
@@ -59,27 +63,26 @@ def read_model(source: Any) -> onnx.ModelProto:
         except OSError as error:
             raise ModelLoadError(f"{where} cannot be read: {error.strerror}") from None
         model = _parse(data, where)
-        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(model)):
-            _check_external_data(model, os.path.dirname(os.path.abspath(path)), where)
-            try:
-                onnx.external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
-            except Exception as error:  # OSError, ValueError, onnx's own checks on the location
-                raise ModelLoadError(f"{where}: its external weight data could not be read ({error}); "
-                                     "keep the data files beside the model") from None
+        del data
+        if model.HasField("graph") and has_external_data(model):
+            folder = os.path.dirname(os.path.abspath(path))
+            check_external_data(model, folder, where)
     else:
         raise ModelLoadError(f"cannot load a model from a {type(source).__name__}; pass a path or an onnx.ModelProto")
     if not model.HasField("graph") or (len(model.graph.node) == 0 and len(model.graph.output) == 0):
         raise ModelLoadError(f"{where}: the file parsed but holds no graph; is it an ONNX model?")
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(model)):
+    if folder is None and has_external_data(model):
         raise ModelLoadError(f"{where} refers to external weight data that was not loaded; "
                              "pass the model's path instead of a ModelProto")
     _default_opset(model, where)
     model = _check_structure(model, where)
     try:
-        onnx.checker.check_model(model, full_check=False)
+        check_onnx_model(model)  # external tensors are checked without their values: read below
     except Exception as error:  # ValidationError, or ValueError for oversized protos
         message = " ".join(str(error).split()) or type(error).__name__
         raise ModelLoadError(f"{where} fails onnx.checker: {message[:400]}") from None
+    if folder is not None:
+        read_external_data(model, folder, where, arrays)
     return model
 
 
@@ -182,32 +185,6 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return model
 
 
-def _check_external_data(model: onnx.ModelProto, folder: str, where: str) -> None:
-    """Every external data file must resolve (links and '..' followed) inside the model's folder, and every
-    tensor's declared size must fit the machine: checked here, whatever the installed onnx checks."""
-    root = os.path.realpath(folder)
-    for tensor in _all_tensors(model):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        entries = {entry.key: entry.value for entry in tensor.external_data}
-        location = entries.get("location", "")
-        resolved = os.path.realpath(os.path.join(root, location))
-        if not location or os.path.isabs(location) or os.path.commonpath([root, resolved]) != root:
-            raise ModelLoadError(f"{where}: tensor {tensor.name!r} reads external data from {location!r}, which "
-                                 f"is not inside the model's folder {root!r}; keep the data files beside the model")
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize if tensor.data_type else 1
-        count = int(np.prod([int(d) for d in tensor.dims], dtype=object)) if tensor.dims else 1
-        check_allocation(count * itemsize, f"{where}: external tensor {tensor.name!r}", ModelLoadError)
-
-
-def _all_tensors(model: onnx.ModelProto):
-    yield from model.graph.initializer
-    for node in model.graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR:
-                yield attribute.t
-
-
 def _dims(type_proto: onnx.TypeProto) -> list | None:
     if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
         return None
@@ -229,63 +206,19 @@ def _elem_dtype(type_proto: onnx.TypeProto):
     return None if elem == 0 else helper.tensor_dtype_to_np_dtype(elem)
 
 
-def _tensor_value(tensor: onnx.TensorProto, where: str) -> np.ndarray:
-    """A TensorProto's array, its declared size checked against its data before anything is allocated."""
-    dims = [int(d) for d in tensor.dims]
-    label = f"{where}: tensor {tensor.name!r}"
-    if any(d < 0 for d in dims):
-        raise ModelLoadError(f"{label} has negative dimensions {dims}")
-    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type) if tensor.data_type else None
-    if dtype is not None and tensor.data_location != onnx.TensorProto.EXTERNAL:
-        count = int(np.prod(dims, dtype=object)) if dims else 1
-        check_allocation(count * np.dtype(dtype).itemsize, label, ModelLoadError)
-        if tensor.HasField("raw_data") and len(tensor.raw_data) != count * np.dtype(dtype).itemsize \
-                and np.dtype(dtype).kind not in "OUS" and tensor.data_type not in _PACKED_TYPES:
-            raise ModelLoadError(f"{label} declares shape {dims} ({count * np.dtype(dtype).itemsize} bytes of "
-                                 f"{np.dtype(dtype)}) but holds {len(tensor.raw_data)} bytes; the file is corrupt")
-    try:
-        return numpy_helper.to_array(tensor)
-    except (ValueError, TypeError) as error:
-        raise ModelLoadError(f"{label} cannot be read: {error}") from None
-
-
-#: data types stored with several values per byte (4-bit), whose raw size is not count * itemsize
-_PACKED_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
-                          if hasattr(onnx.TensorProto, name))
-
-
-def _sparse_to_dense(sparse: onnx.SparseTensorProto, where: str = "model") -> np.ndarray:
-    """A dense array from a SparseTensorProto (linear or coordinate indices); its dense size is checked
-    against the machine before it is allocated."""
-    values = _tensor_value(sparse.values, where)
-    indices = _tensor_value(sparse.indices, where).astype(np.int64)
-    dims = tuple(int(d) for d in sparse.dims)
-    name = sparse.values.name or "sparse tensor"
-    if any(d < 0 for d in dims):
-        raise ModelLoadError(f"{where}: sparse tensor {name!r} has negative dimensions {list(dims)}")
-    count = int(np.prod(dims, dtype=object)) if dims else 1
-    check_allocation(count * values.dtype.itemsize, f"{where}: sparse tensor {name!r} (dense shape {list(dims)})",
-                     ModelLoadError)
-    dense = np.zeros(count, dtype=values.dtype)
-    if indices.ndim == 2:  # [NNZ, rank] coordinates
-        indices = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices.reshape(-1)
-    if indices.size and (indices.min() < 0 or indices.max() >= count):
-        raise ModelLoadError(f"{where}: sparse tensor {name!r} has indices outside its shape {list(dims)}")
-    dense[indices] = values
-    return dense.reshape(dims)
-
-
-def _constant_value(node: onnx.NodeProto, label: str, where: str) -> np.ndarray:
-    """The value of a Constant node, whichever of its attribute forms it uses."""
+def _constant_value(node: onnx.NodeProto, label: str, where: str, stored: dict) -> np.ndarray:
+    """The value of a Constant node, whichever of its attribute forms it uses (``stored``: the node's
+    tensors read from external data, by attribute key)."""
     if len(node.attribute) != 1:
         raise ModelLoadError(f"{where}: {label} must have exactly one attribute, it has "
                              f"{[a.name for a in node.attribute]}")
     attribute = node.attribute[0]
     value = helper.get_attribute_value(attribute)
     if attribute.name == "value":
-        return _tensor_value(value, where)
+        return tensor_value(value, where, stored.get(("value",)))
     if attribute.name == "sparse_value":
-        return _sparse_to_dense(value, where)
+        return sparse_to_dense(value, where, (stored.get(("sparse_value", "values")),
+                                               stored.get(("sparse_value", "indices"))))
     forms = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
              "value_ints": np.int64}
     if attribute.name in forms:
@@ -297,8 +230,8 @@ def _constant_value(node: onnx.NodeProto, label: str, where: str) -> np.ndarray:
     raise ModelLoadError(f"{where}: {label} has attribute {attribute.name!r}, which is not an ONNX Constant form")
 
 
-def _attributes(node: onnx.NodeProto, label: str, where: str) -> dict:
-    """The node's attributes as Python values (numpy arrays for tensors)."""
+def _attributes(node: onnx.NodeProto, label: str, where: str, stored: dict) -> dict:
+    """The node's attributes as Python values (numpy arrays for tensors; ``stored`` as for Constant)."""
     attributes = {}
     for attribute in node.attribute:
         if attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
@@ -306,7 +239,7 @@ def _attributes(node: onnx.NodeProto, label: str, where: str) -> dict:
                                  "control flow (If/Loop/Scan) is not supported")
         value = helper.get_attribute_value(attribute)
         if attribute.type == onnx.AttributeProto.TENSOR:
-            value = numpy_helper.to_array(value)
+            value = tensor_value(value, where, stored.get((attribute.name,)))
         elif isinstance(value, bytes):
             value = value.decode("utf-8")
         elif attribute.type == onnx.AttributeProto.STRINGS:
@@ -346,11 +279,19 @@ def load_onnx_graph(source: Any) -> Graph:
     structural faults (an input nothing produces, a cycle).  Ops of other
     domains load; the executor rejects them when it plans.
     """
-    return graph_from_model(read_model(source), describe_source(source))
+    arrays: dict = {}
+    model = read_model(source, arrays)
+    return graph_from_model(model, describe_source(source), arrays)
 
 
-def graph_from_model(model: onnx.ModelProto, where: str) -> Graph:
-    """The :class:`Graph` of a model :func:`read_model` has checked; ``where`` names it in errors."""
+def graph_from_model(model: onnx.ModelProto, where: str, arrays: dict | None = None) -> Graph:
+    """The :class:`Graph` of a model :func:`read_model` has checked; ``where`` names it in errors;
+    ``arrays``: the external tensors ``read_model`` read."""
+    arrays = arrays or {}
+    by_node: dict[int, dict] = {}
+    for key, value in arrays.items():
+        if key[0] == "node":
+            by_node.setdefault(key[1], {})[key[2:]] = value
     opset = _default_opset(model, where)
     onnx_graph = model.graph
     graph = Graph(name=onnx_graph.name or "graph", opset=opset)
@@ -361,14 +302,15 @@ def graph_from_model(model: onnx.ModelProto, where: str) -> Graph:
                           metadata_props={p.key: p.value for p in model.metadata_props})
     value_info = {info.name: info for info in list(onnx_graph.value_info) + list(onnx_graph.output)}
 
-    initializers = {tensor.name: tensor for tensor in onnx_graph.initializer}
-    for name, tensor in initializers.items():
-        graph.create_variable(name, value=_tensor_value(tensor, where))
-    for sparse in onnx_graph.sparse_initializer:
+    initializers = {tensor.name: (index, tensor) for index, tensor in enumerate(onnx_graph.initializer)}
+    for name, (index, tensor) in initializers.items():
+        graph.create_variable(name, value=tensor_value(tensor, where, arrays.get(("initializer", index))))
+    for index, sparse in enumerate(onnx_graph.sparse_initializer):
         if sparse.values.name in graph.variables:
             raise GraphError(f"{where}: tensor {sparse.values.name!r} is initialized twice")
-        graph.create_variable(sparse.values.name, value=_sparse_to_dense(sparse, where))
-        initializers[sparse.values.name] = sparse
+        stored = (arrays.get(("sparse", index, "values")), arrays.get(("sparse", index, "indices")))
+        graph.create_variable(sparse.values.name, value=sparse_to_dense(sparse, where, stored))
+        initializers[sparse.values.name] = (index, sparse)
     for graph_input in onnx_graph.input:
         if graph_input.name in initializers:
             continue  # an input with a default value: treated as a parameter
@@ -383,13 +325,14 @@ def graph_from_model(model: onnx.ModelProto, where: str) -> Graph:
                                   dtype=None if info is None else _elem_dtype(info.type))
         return graph.variables[name]
 
-    for node, name in zip(onnx_graph.node, _operation_names(onnx_graph.node)):
+    for index, (node, name) in enumerate(zip(onnx_graph.node, _operation_names(onnx_graph.node))):
         label = f"{node.op_type} node {name!r}"
+        stored = by_node.get(index, {})
         if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS:
             output = node.output[0]
             if output in graph.variables:
                 raise GraphError(f"{where}: tensor {output!r} is produced twice")
-            graph.create_variable(output, value=_constant_value(node, label, where))
+            graph.create_variable(output, value=_constant_value(node, label, where, stored))
             continue
         inputs = [variable_for(n) if n else None for n in node.input]
         while inputs and inputs[-1] is None:
@@ -406,7 +349,7 @@ def graph_from_model(model: onnx.ModelProto, where: str) -> Graph:
                 raise GraphError(f"{where}: tensor {output_name!r} is produced twice "
                                  f"(by node {name!r} and another)")
             outputs.append(variable)
-        graph.create_operation(node.op_type, inputs, outputs, attributes=_attributes(node, label, where),
+        graph.create_operation(node.op_type, inputs, outputs, attributes=_attributes(node, label, where, stored),
                                name=name, domain=node.domain)
     for graph_output in onnx_graph.output:
         if graph_output.name not in graph.variables:

@@ -83,8 +83,8 @@ class SmoothQuantPass(QuantizationOptimizationPass):
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
         groups, skipped = smoothable_groups(graph)
-        if not groups:
-            return {"smoothed": 0, "skipped": skipped}
+        if not groups:  # no LayerNorm feeding weights (every CNN): nothing to do
+            return {"smoothed": 0, **({"skipped": skipped} if skipped else {})}
         executor = executor or NumpyExecutor(graph)
         names = [group.block.result for group in groups]
         maxima = {name: None for name in names}
