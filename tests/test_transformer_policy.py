@@ -136,6 +136,39 @@ def test_transformer_exports_match_the_simulation(platform):
 
 
 @requires_bench
+def test_vit_quantizes_as_its_policy_says_and_exports_as_simulated():
+    """The shared ViT for TensorRT on 8 calibration images: blocks labelled by the policy, SmoothQuant on its
+    LayerNorms, the QDQ export computes the simulation, and the map stays close to FP32."""
+    from onnx_helpers import run_onnxruntime as run
+    from shared_bench import PRESETS, load_images
+    from ppqlike.export import build_qdq_model
+    from ppqlike.export.verify import run_qdq_model
+    path = str(PRESETS["vit_s_focus"].path)
+    calibration = load_images("vit_s_focus", "calib", 8)[0]
+    graph = api.quantize_onnx_model(path, [calibration[:4], calibration[4:]], platform="TRT_INT8")
+    meta = graph.metadata["quantization"]
+    assert meta["dispatch"]["blocks"]["LayerNorm"] == {"FP32": 25}
+    assert meta["dispatch"]["blocks"]["AttentionMatMul"] == {"TARGET": 24}
+    smoothing = next(p["report"] for p in meta["passes"] if p["name"] == "smooth_quant")
+    assert smoothing["smoothed"] >= 12  # the LayerNorms feeding the Q/K/V and fc1 MatMuls
+    images = load_images("vit_s_focus", "dev", 2)[0]
+    model, _ = build_qdq_model(graph)
+    # op by op: each op of the export run by onnxruntime on the very values the simulation gives it (twelve
+    # blocks deep, end-to-end float differences flip roundings and carry them forward: compared loosely)
+    result = verify_export(graph, images, model=model, optimizations=("disable",), per_operation_inputs=images[:1])
+    per_operation = result["per_operation"]
+    assert per_operation["min_exact"] >= 0.99 and per_operation["max_steps"] <= 1 + 1e-4, per_operation
+    assert per_operation["max_relative_error"] <= 1e-3, per_operation
+    for stats in result["end_to_end"]["disable"].values():
+        assert stats["cosine"] >= 0.999, stats
+    import onnx
+    reference = run(onnx.load(path), {"input_image": images})[0].reshape(2, -1)
+    exported = run_qdq_model(model, {"input_image": images}, None, "all")[0].reshape(2, -1)
+    cosine = (reference * exported).sum(1) / np.linalg.norm(reference, axis=1) / np.linalg.norm(exported, axis=1)
+    assert cosine.min() >= 0.97, cosine
+
+
+@requires_bench
 def test_vit_blocks_are_all_found():
     graph = load_graph(str(BENCH_DIR / "models" / "vit_s_focus.onnx"))
     kinds = Counter(b.kind for b in find_transformer_blocks(graph))

@@ -2,9 +2,11 @@
 
 Used to compare algorithms, not to deploy: all ops the quantizer knows are
 quantized, activations asymmetric uint8, weights symmetric per channel.
+Transformer blocks as the W8A8 setting of the literature (SmoothQuant, LLM.int8 baselines): the linear
+layers and the attention MatMuls in int8; LayerNorm, GELU, Softmax and residual Adds in float.
 """
 
-from .quantizer import DEFAULT_QUANTIZABLE_TYPES, PlatformPolicy, TensorPolicy
+from .quantizer import DEFAULT_QUANTIZABLE_TYPES, PlatformPolicy, TensorPolicy, TransformerPolicy
 from .target import TargetPlatform
 
 ACADEMIC_INT8_POLICY = PlatformPolicy(
@@ -15,6 +17,8 @@ ACADEMIC_INT8_POLICY = PlatformPolicy(
                                                    "LayerNormalization", "Resize"},
     bias_int32=True,
     exporter="qdq_onnx",
+    transformer=TransformerPolicy(layer_norm="float", gelu="float", softmax="float", attention_matmul="quantize",
+                                  residual_add="float", embedding="float"),
     description="academic: every quantizable op, asymmetric uint8 activations, per-channel int8 weights",
 )
 
