@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from onnx_helpers import run_onnxruntime
 from transformer_models import encoder_inputs, encoder_model
 from ppqlike import api
+from ppqlike.core.errors import PlatformError
 from ppqlike.core.patterns import find_transformer_blocks
 from ppqlike.executor import NumpyExecutor
 from ppqlike.io.load import load_graph
@@ -97,6 +98,6 @@ def test_setting_runs_it_in_the_pipeline_and_the_export_matches():
     assert passes["smooth_quant"]["smoothed"] == 2
     names = [p["name"] for p in graph.metadata["quantization"]["passes"]]
     assert names.index("smooth_quant") < names.index("parameter")
-    with pytest.raises(Exception, match="smooth_quant_alpha"):
+    with pytest.raises(PlatformError, match="smooth_quant_alpha"):
         setting.smooth_quant_alpha = 1.5
         setting.validate()

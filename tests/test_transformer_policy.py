@@ -12,6 +12,7 @@ from onnx_helpers import run_executor, run_onnxruntime
 from shared_bench import BENCH_DIR, requires_bench
 from transformer_models import encoder_inputs, encoder_model
 from ppqlike import api
+from ppqlike.core.errors import PlatformError
 from ppqlike.core.patterns import find_transformer_blocks
 from ppqlike.core.quant_graph import governing_config
 from ppqlike.export.verify import verify_export
@@ -75,7 +76,7 @@ def _quantized(platform: str, **setting_changes):
     return api.quantize_onnx_model(encoder_model(), CALIB, platform=platform, setting=setting)
 
 
-def _applied(config, side: str) -> list[bool]:
+def _on_grid(config, side: str) -> list[bool]:
     """Per slot: whether the value is on a quantization grid (its own config, or the one it overlaps)."""
     configs = config.input_quantization_config if side == "input" else config.output_quantization_config
     return [governing_config(c) is not None for c in configs]
@@ -94,9 +95,9 @@ def test_each_platform_policy_is_visible_in_its_configs(platform):
         if treatment == "float":
             assert tail.config is None, (platform, block.kind)
         elif block.kind == "AttentionMatMul":
-            assert all(_applied(tail.config, "input")), (platform, block.kind)
+            assert all(_on_grid(tail.config, "input")), (platform, block.kind)
         elif len(block.operations) > 1:  # a decomposed block: float inside, quantized result
-            assert not any(_applied(tail.config, "input")) and all(_applied(tail.config, "output")), block
+            assert not any(_on_grid(tail.config, "input")) and all(_on_grid(tail.config, "output")), block
         else:
             assert tail.config is not None, (platform, block.kind)
     summary = graph.metadata["quantization"]["dispatch"]["blocks"]
@@ -109,12 +110,13 @@ def test_each_platform_policy_is_visible_in_its_configs(platform):
 def test_platform_policies_follow_their_targets():
     """TensorRT and onnxruntime keep LayerNorm/GELU/Softmax in float; TPU-MLIR's int8 lowering makes GELU a
     lookup table (quantized in and out) and keeps LayerNorm (F16) and Softmax (F32) in float."""
-    trt, ort, tpu = (PLATFORM_POLICIES[TargetPlatform.parse(n)].transformer for n in ("TRT_INT8", "ORT_INT8", "TPU_INT8"))
+    trt, ort, tpu = (PLATFORM_POLICIES[TargetPlatform.parse(name)].transformer
+                     for name in ("TRT_INT8", "ORT_INT8", "TPU_INT8"))
     assert trt.as_dict() == {"LayerNorm": "float", "Gelu": "float", "Softmax": "float",
                              "AttentionMatMul": "quantize", "ResidualAdd": "float", "Embedding": "float"}
     assert ort.residual_add == "quantize" and ort.softmax == "float" and ort.layer_norm == "float"
     assert tpu.gelu == "quantize" and tpu.softmax == "float" and tpu.layer_norm == "float"
-    with pytest.raises(Exception, match="treatment"):
+    with pytest.raises(PlatformError, match="treatment"):
         TransformerPolicy(softmax="int4")
 
 

@@ -163,7 +163,9 @@ def _gelu(operation: Operation) -> Block | None:
     scaling = operation.inputs[0].producer
     if not (_with_scalar(scaling, "Div", np.sqrt(2.0)) or _with_scalar(scaling, "Mul", 1 / np.sqrt(2.0))):
         return None
-    source = next(v for v in scaling.inputs[:2] if _is_activation(v))
+    source = next((v for v in scaling.inputs[:2] if _is_activation(v)), None)
+    if source is None:
+        return None
     plus_one = _only_consumer(operation.outputs[0], "Add")
     if not _with_scalar(plus_one, "Add", 1.0):
         return None
