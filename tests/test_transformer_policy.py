@@ -203,3 +203,11 @@ def test_tpu_gelu_is_an_int8_lookup_table():
     step = float(tail_config.scale)
     assert np.mean(np.abs(expected - result) < 1e-6) >= 0.999  # float erf vs the graph's ops: rare boundary flips
     assert np.abs(expected - result).max() <= step * 1.0001
+
+
+def test_ort_int8_transformer_runs_bit_for_bit_as_simulated():
+    """onnxruntime with every optimization (its fused integer MatMul and Add kernels, attention included) gives
+    exactly the simulated output of an encoder block (uint8 weights: exact on every CPU)."""
+    graph = _quantized("ORT_INT8")
+    result = verify_export(graph, TEST, optimizations=("all",), uint8_weights=True)
+    assert result["end_to_end"]["all"]["y"]["exact"] == 1.0, result["end_to_end"]
