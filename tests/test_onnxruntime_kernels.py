@@ -113,3 +113,56 @@ def test_qlinear_add_matches_onnxruntime_on_ties(seed, ratios):
     za, zb, zy = (int(v) for v in rng.integers(0, 256, 3))
     expected = _ort_qlinear_add(a, b, sa, za, sb, zb, sy, zy)
     np.testing.assert_array_equal(qlinear_add(a, b, sa, za, sb, zb, sy, zy, 0, 255), expected)
+
+
+def _ort_qlinear_mul(a, b, sa, za, sb, zb, sy, zy):
+    initializers = [numpy_helper.from_array(np.array(v, np.float32), n)
+                    for n, v in (("sa", sa), ("sb", sb), ("sy", sy))]
+    initializers += [numpy_helper.from_array(np.array(v, np.uint8), n) for n, v in (("za", za), ("zb", zb), ("zy", zy))]
+    node = helper.make_node("QLinearMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain="com.microsoft")
+    graph = helper.make_graph([node], "qmul", [helper.make_tensor_value_info(n, TensorProto.UINT8, list(v.shape))
+                                               for n, v in (("a", a), ("b", b))],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializers)
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    return run_qdq_model(model, {"a": a, "b": b})[0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), scalar=st.booleans(), ratio=st.sampled_from([0.25, 1.0, None]))
+def test_qlinear_mul_matches_onnxruntime(seed, scalar, ratio):
+    """onnxruntime's QLinearMul kernel, bit for bit, with vector and scalar second operands and scales in
+    simple ratios (exact .5 results)."""
+    from ppqlike.executor.onnxruntime_kernels import qlinear_mul
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 256, (4, 16, 24)).astype(np.uint8)
+    b = rng.integers(0, 256, (1,) if scalar else (4, 16, 24)).astype(np.uint8)
+    sa, sb = (np.float32(rng.uniform(0.005, 0.05)) for _ in range(2))
+    sy = np.float32(sa * sb * 64 * ratio) if ratio else np.float32(rng.uniform(0.05, 0.5))
+    za, zb, zy = (int(v) for v in rng.integers(0, 256, 3))
+    expected = _ort_qlinear_mul(a, b, sa, za, sb, zb, sy, zy)
+    np.testing.assert_array_equal(qlinear_mul(a, b, sa, za, sb, zb, sy, zy, 0, 255), expected)
+
+
+def test_mul_of_a_layer_scale_runs_bit_for_bit(tmp_path):
+    """A transformer-style layer scale (Mul by a constant per-channel vector, and by a scalar) between two
+    MatMuls: onnxruntime fuses QLinearMul, the simulation computes it."""
+    rng = np.random.default_rng(5)
+    initializers = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+                    for name, shape in (("w1", (16, 16)), ("gamma", (16,)), ("w2", (16, 8)))]
+    initializers.append(numpy_helper.from_array(np.array(0.5, np.float32), "half"))
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+             helper.make_node("Mul", ["h", "gamma"], ["s"], name="layer_scale"),
+             helper.make_node("Mul", ["s", "half"], ["t"], name="half_scale"),
+             helper.make_node("MatMul", ["t", "w2"], ["y"], name="fc2")]
+    graph = helper.make_graph(nodes, "scale", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 8])], initializers)
+    path = tmp_path / "scale.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    calibration = [rng.standard_normal((8, 6, 16)).astype(np.float32) for _ in range(2)]
+    quantized = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
+    assert {"layer_scale", "half_scale"} <= {op.name for op in quantized.operations.values()
+                                             if wants_runtime_kernel(op)}
+    model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
+    x = rng.standard_normal((32, 6, 16)).astype(np.float32) * 1.5
+    np.testing.assert_array_equal(NumpyExecutor(quantized).forward(x)[0], run_qdq_model(model, {"x": x})[0])

@@ -2,7 +2,7 @@
 
 onnxruntime fuses a QDQ model's DequantizeLinear -> op -> QuantizeLinear
 groups into integer kernels (QLinearConv, QLinearMatMul, QGemm, QLinearAdd,
-QLinearGlobalAveragePool).  Their results differ from "float op on
+QLinearMul, QLinearGlobalAveragePool).  Their results differ from "float op on
 dequantized values, then QuantizeLinear" wherever a value lies near a
 rounding boundary, and over fifty layers such one-step flips compound.  An
 op whose output config carries ``runtime_kernel = 'onnxruntime'`` (marked
@@ -17,6 +17,8 @@ by ``RuntimeKernelPass``) is therefore simulated as the kernel computes it.  Wit
 * Add (QLinearAdd): with r_a = float32(S_a / S_y), r_b = float32(S_b / S_y)
   and f = z_y - (r_a z_a + r_b z_b), q_y = clamp(rint(fma(r_a, q_a,
   fma(r_b, q_b, f)))) in float32 (see :func:`qlinear_add`).
+* Mul (QLinearMul): the int32 product p = (q_a - z_a)(q_b - z_b), r = float32(float32(S_a S_b) / S_y),
+  q_y = clamp(rint(float32(p) * r + z_y)) in float32, two roundings (see :func:`qlinear_mul`).
 * GlobalAveragePool (QLinearGlobalAveragePool): acc = sum (q_x - z_x) over
   the N spatial positions; M = float32(S_x / float32(S_y * N)); then as Conv.
 
@@ -46,7 +48,7 @@ from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
 
 RUNTIME_KERNEL = RUNTIME_KERNEL_ONNXRUNTIME
 LINEAR_TYPES = frozenset({"Conv", "MatMul", "Gemm"})
-SUPPORTED_TYPES = LINEAR_TYPES | {"Add", "GlobalAveragePool"}
+SUPPORTED_TYPES = LINEAR_TYPES | {"Add", "Mul", "GlobalAveragePool"}
 _F32 = np.float32
 
 
@@ -163,20 +165,41 @@ def qlinear_add(qa, qb, scale_a, zero_a, scale_b, zero_b, scale_y, zero_y, quant
     return np.clip(np.rint(value), quant_min, quant_max)
 
 
-def _add(operation, kernel, arguments, configs, output):
-    if len(configs) < 2 or configs[0] is None or configs[1] is None:
-        return None
-    if not (_per_tensor(configs[0]) and _per_tensor(configs[1])):
-        return None
-    if any(np.size(value) == 1 for value in arguments[:2]):
-        return None  # a scalar operand takes another path inside onnxruntime
-    integers = [_integers(config, value) for config, value in zip(configs[:2], arguments[:2])]
-    if any(i is None for i in integers):
-        return None
-    (a, b), zeros = integers, [_zero(config) for config in configs[:2]]
-    q = qlinear_add(a + zeros[0], b + zeros[1], configs[0].scale, zeros[0], configs[1].scale, zeros[1],
-                    output.scale, _zero(output), output.quant_min, output.quant_max)
-    return [output.dequantize(q.astype(np.int64))]
+def qlinear_mul(qa, qb, scale_a, zero_a, scale_b, zero_b, scale_y, zero_y, quant_min, quant_max) -> np.ndarray:
+    """onnxruntime's QLinearMul on integers (MLAS, its x86 SSE2 kernel), bit for bit.
+
+    The product (q_a - z_a)(q_b - z_b) is exact in int32 and in float32 (|p| <= 2^16); it is multiplied by
+    r = float32(float32(S_a * S_b) / S_y), then z_y is added (two float32 roundings, no FMA), rounded half to
+    even and clamped.
+    """
+    ratio = _F32(_F32(_F32(scale_a) * _F32(scale_b)) / _F32(scale_y))
+    product = ((np.asarray(qa, np.int64) - int(zero_a)) * (np.asarray(qb, np.int64) - int(zero_b))).astype(_F32)
+    value = (product * ratio).astype(_F32) + _F32(zero_y)
+    return np.clip(np.rint(value), quant_min, quant_max)
+
+
+def _binary(arithmetic: Callable, scalars: bool):
+    """The kernel of a binary elementwise op on two per-tensor quantized operands (``scalars``: whether a
+    one-element operand takes the same arithmetic inside onnxruntime)."""
+    def run(operation, kernel, arguments, configs, output):
+        if len(configs) < 2 or configs[0] is None or configs[1] is None:
+            return None
+        if not (_per_tensor(configs[0]) and _per_tensor(configs[1])):
+            return None
+        if not scalars and any(np.size(value) == 1 for value in arguments[:2]):
+            return None
+        integers = [_integers(config, value) for config, value in zip(configs[:2], arguments[:2])]
+        if any(i is None for i in integers):
+            return None
+        (a, b), zeros = integers, [_zero(config) for config in configs[:2]]
+        q = arithmetic(a + zeros[0], b + zeros[1], configs[0].scale, zeros[0], configs[1].scale, zeros[1],
+                       output.scale, _zero(output), output.quant_min, output.quant_max)
+        return [output.dequantize(q.astype(np.int64))]
+    return run
+
+
+_add = _binary(qlinear_add, scalars=False)  # a scalar operand takes another path inside QLinearAdd
+_mul = _binary(qlinear_mul, scalars=True)   # QLinearMul's scalar path computes the same
 
 
 def _zero(config: TensorQuantizationConfig) -> int:
@@ -197,7 +220,7 @@ def _global_average_pool(operation, kernel, arguments, configs, output):
 
 
 _KERNELS: dict[str, Callable] = {"Conv": _linear, "MatMul": _linear, "Gemm": _linear, "Add": _add,
-                                 "GlobalAveragePool": _global_average_pool}
+                                 "Mul": _mul, "GlobalAveragePool": _global_average_pool}
 
 
 def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequence) -> list | None:
