@@ -155,11 +155,11 @@ def test_staged_model_and_data_appear_together_or_not_at_all(source, tmp_path):
     model = export_onnx_model(ppqlike.load_onnx_graph(source))
     with pytest.raises(RuntimeError):
         with files.StagedFiles() as staged:
-            write_onnx_model(staged.reserve(tmp_path / "m.onnx"), model, external_data=True)
+            write_onnx_model(staged.reserve(tmp_path / "m.onnx"), model, external_data=True, staged=staged)
             raise RuntimeError("a later file failed")
     assert sorted(os.listdir(tmp_path)) == ["source"]
     with files.StagedFiles() as staged:
-        written = write_onnx_model(staged.reserve(tmp_path / "m.onnx"), model, external_data=True)
+        written = write_onnx_model(staged.reserve(tmp_path / "m.onnx"), model, external_data=True, staged=staged)
     assert written == [str(tmp_path / "m.onnx"), str(tmp_path / "m.onnx.data")]
     assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data", "source"]
     x = batch()

@@ -87,13 +87,14 @@ def test_off_grid_inputs_fall_back_to_the_float_kernel(tmp_path):
     np.testing.assert_array_equal(got, reference)
 
 
-def _ort_qlinear_add(a, b, sa, za, sb, zb, sy, zy):
+def _ort_qlinear(op_type, a, b, sa, za, sb, zb, sy, zy):
+    """onnxruntime's own QLinearAdd / QLinearMul kernel (com.microsoft) on uint8 operands."""
     initializers = [numpy_helper.from_array(np.array(v, np.float32), n)
                     for n, v in (("sa", sa), ("sb", sb), ("sy", sy))]
     initializers += [numpy_helper.from_array(np.array(v, np.uint8), n) for n, v in (("za", za), ("zb", zb), ("zy", zy))]
-    node = helper.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain="com.microsoft")
-    graph = helper.make_graph([node], "qadd", [helper.make_tensor_value_info(n, TensorProto.UINT8, list(a.shape))
-                                               for n in ("a", "b")],
+    node = helper.make_node(op_type, ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain="com.microsoft")
+    graph = helper.make_graph([node], op_type, [helper.make_tensor_value_info(n, TensorProto.UINT8, list(v.shape))
+                                                for n, v in (("a", a), ("b", b))],
                               [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializers)
     opsets = [helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
@@ -111,21 +112,8 @@ def test_qlinear_add_matches_onnxruntime_on_ties(seed, ratios):
     sa, sb = ((np.float32(sy * r) for r in ratios) if ratios else
               (np.float32(rng.uniform(0.01, 0.06)) for _ in range(2)))
     za, zb, zy = (int(v) for v in rng.integers(0, 256, 3))
-    expected = _ort_qlinear_add(a, b, sa, za, sb, zb, sy, zy)
+    expected = _ort_qlinear("QLinearAdd", a, b, sa, za, sb, zb, sy, zy)
     np.testing.assert_array_equal(qlinear_add(a, b, sa, za, sb, zb, sy, zy, 0, 255), expected)
-
-
-def _ort_qlinear_mul(a, b, sa, za, sb, zb, sy, zy):
-    initializers = [numpy_helper.from_array(np.array(v, np.float32), n)
-                    for n, v in (("sa", sa), ("sb", sb), ("sy", sy))]
-    initializers += [numpy_helper.from_array(np.array(v, np.uint8), n) for n, v in (("za", za), ("zb", zb), ("zy", zy))]
-    node = helper.make_node("QLinearMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain="com.microsoft")
-    graph = helper.make_graph([node], "qmul", [helper.make_tensor_value_info(n, TensorProto.UINT8, list(v.shape))
-                                               for n, v in (("a", a), ("b", b))],
-                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializers)
-    opsets = [helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)]
-    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
-    return run_qdq_model(model, {"a": a, "b": b})[0]
 
 
 @settings(max_examples=25, deadline=None)
@@ -140,7 +128,7 @@ def test_qlinear_mul_matches_onnxruntime(seed, scalar, ratio):
     sa, sb = (np.float32(rng.uniform(0.005, 0.05)) for _ in range(2))
     sy = np.float32(sa * sb * 64 * ratio) if ratio else np.float32(rng.uniform(0.05, 0.5))
     za, zb, zy = (int(v) for v in rng.integers(0, 256, 3))
-    expected = _ort_qlinear_mul(a, b, sa, za, sb, zb, sy, zy)
+    expected = _ort_qlinear("QLinearMul", a, b, sa, za, sb, zb, sy, zy)
     np.testing.assert_array_equal(qlinear_mul(a, b, sa, za, sb, zb, sy, zy, 0, 255), expected)
 
 

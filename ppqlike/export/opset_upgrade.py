@@ -19,7 +19,7 @@ from ..core.errors import ExportError
 from ..core.ir import Graph
 from ..io.onnx_export import export_onnx_model
 
-__all__ = ["upgraded_model", "tensor_views", "VIEW_TYPES"]
+__all__ = ["upgraded_model", "tensor_views", "is_converter_node", "VIEW_TYPES"]
 
 #: Ops the converter may put between a graph tensor and the op that uses it without changing any value.
 VIEW_TYPES = frozenset({"Flatten", "Reshape", "Identity"})
@@ -45,7 +45,7 @@ def tensor_views(model: onnx.ModelProto, graph: Graph) -> dict[tuple[str, str, i
 
     Raises ExportError for a slot rewired any other way, or an operation the converter replaced.
     """
-    added = [node for node in model.graph.node if _is_added(node, graph)]
+    added = [node for node in model.graph.node if is_converter_node(node, graph)]
     producer = {output: node for node in added for output in node.output}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in added:
@@ -54,7 +54,7 @@ def tensor_views(model: onnx.ModelProto, graph: Graph) -> dict[tuple[str, str, i
     views: dict[tuple[str, str, int], str] = {}
     seen = set()
     for node in model.graph.node:
-        if _is_added(node, graph):
+        if is_converter_node(node, graph):
             continue
         operation = graph.operations[node.name]
         seen.add(operation.name)
@@ -105,14 +105,14 @@ def _wrap_flattening_ops(model: onnx.ModelProto, graph: Graph) -> None:
         shape_name, flat, normalised = (f"{node.name}_opset13_{part}" for part in ("shape", "flat", "result"))
         nodes.append(helper.make_node("Shape", [source], [shape_name], name=shape_name))
         nodes.append(helper.make_node("Flatten", [source], [flat], axis=axis, name=flat))
-        wrapped = helper.make_node(node.op_type, [flat], [normalised], axis=-1, name=node.name)
-        nodes.append(wrapped)
+        nodes.append(helper.make_node(node.op_type, [flat], [normalised], axis=-1, name=node.name))
         nodes.append(helper.make_node("Reshape", [normalised, shape_name], [result], name=f"{node.name}_opset13_reshape"))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
 
 
-def _is_added(node: onnx.NodeProto, graph: Graph) -> bool:
+def is_converter_node(node: onnx.NodeProto, graph: Graph) -> bool:
+    """Whether ``node`` was added by the upgrade (no graph operation of its name and type)."""
     operation = graph.operations.get(node.name)
     return operation is None or operation.type != node.op_type
 

@@ -93,7 +93,7 @@ def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=No
         temporary = {path: staged.reserve(path) for path in paths}  # every check before any writing
         report = export_qdq_onnx(graph, temporary[paths[0]], qdq_per_consumer=per_consumer,
                                  uint8_activations=uint8, uint8_weights=bool(uint8_weights),
-                                 opset=options.get("opset"), warn=False)
+                                 opset=options.get("opset"), warn=False, staged=staged)
         if platform in _RANGE_PLATFORMS:
             export_tensorrt_dynamic_ranges(graph, temporary[sidecars["dynamic_range"]])
         if policy.exporter == "tpu_mlir":

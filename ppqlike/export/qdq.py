@@ -41,10 +41,9 @@ from ..core.errors import ExportError
 from ..core.ir import Graph, Operation, Variable
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..executor.simulation import apply_config
-from ..io.files import MAX_IR_VERSION
+from ..io.files import MAX_IR_VERSION, StagedFiles
 from ..io.onnx_files import check_onnx_model, write_onnx_model
-from ..io.onnx_export import export_onnx_model
-from .opset_upgrade import tensor_views, upgraded_model
+from .opset_upgrade import is_converter_node, tensor_views, upgraded_model
 from .common import (config_id, is_param_slot, quantizes, rounding_mismatch, source_path, storage_type,
                      warn_rounding)
 
@@ -283,8 +282,7 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
         return visible.get(name, name)
 
     for node in base.graph.node:
-        operation = graph.operations.get(node.name)
-        if operation is None or operation.type != node.op_type:  # a node the version converter added
+        if is_converter_node(node, graph):  # a node the version converter added
             node = _copy_node(node)
             if node.op_type != "Shape":
                 inputs = [read(name) if name else name for name in node.input]
@@ -292,6 +290,7 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
                 node.input.extend(inputs)
             builder.nodes.append(node)
             continue
+        operation = graph.operations[node.name]
         node = _copy_node(node)
         config = operation.config
         in_configs = config.input_quantization_config if config is not None else []
@@ -380,18 +379,20 @@ def _copy_node(node: onnx.NodeProto) -> onnx.NodeProto:
 
 def export_qdq_onnx(graph: Graph, path: str | os.PathLike, qdq_per_consumer: bool = False,
                     uint8_activations: bool = False, opset: int | None = None,
-                    protect: tuple = (), warn: bool = True, uint8_weights: bool = False) -> dict:
+                    protect: tuple = (), warn: bool = True, uint8_weights: bool = False,
+                    staged: StagedFiles | None = None) -> dict:
     """Build the QDQ model of ``graph`` and write it to ``path`` atomically.
 
     Refuses to overwrite the graph's source model (recorded by quantize_onnx_model) or any
     path in ``protect``.  Warns (ExportRoundingWarning, unless ``warn`` is False) when the
-    platform's rounding makes the export differ from the simulation.  Returns the report of
-    :func:`build_qdq_model` plus ``path``.
+    platform's rounding makes the export differ from the simulation.  ``staged``: the open
+    StagedFiles that reserved ``path`` (a model with external data stages its data file there too).
+    Returns the report of :func:`build_qdq_model` plus ``path`` and ``files`` (model first).
     """
     model, report = build_qdq_model(graph, qdq_per_consumer=qdq_per_consumer,
                                     uint8_activations=uint8_activations, opset=opset,
                                     uint8_weights=uint8_weights)
-    report["files"] = write_onnx_model(path, model, protect=(source_path(graph), *protect))
+    report["files"] = write_onnx_model(path, model, protect=(source_path(graph), *protect), staged=staged)
     if warn:
         warn_rounding(report["rounding_mismatch"])
     report["path"] = os.path.abspath(os.fspath(path))

@@ -145,14 +145,12 @@ class StagedFiles:
             raise ExportError(f"cannot write into folder {directory!r}: {error.strerror}") from None
         os.close(handle)
         self.pending.append((temporary, final))
-        _STAGED[temporary] = self
         return temporary
 
     def __enter__(self) -> "StagedFiles":
         return self
 
     def __exit__(self, kind, value, traceback) -> bool:
-        self._forget()
         if kind is None:
             try:
                 for temporary, final in self.pending:
@@ -170,15 +168,6 @@ class StagedFiles:
                 os.unlink(temporary)
             except OSError:
                 pass
-
-    def _forget(self) -> None:
-        for temporary, _ in self.pending:
-            _STAGED.pop(temporary, None)
-
-
-#: temporary path -> the open StagedFiles that reserved it (so that a model written there can name its data
-#: file after the destination and stage it alongside)
-_STAGED: dict[str, StagedFiles] = {}
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, protect: tuple = ()) -> None:

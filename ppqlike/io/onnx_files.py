@@ -13,7 +13,7 @@ from google.protobuf.message import EncodeError
 from onnx import helper
 
 from ..core.errors import ExportError
-from .files import _STAGED, StagedFiles, check_not_protected
+from .files import StagedFiles, check_not_protected
 
 #: Models whose tensors hold more bytes than this are written with external data (protobuf stops at 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 2 ** 31 - 2 ** 28
@@ -133,19 +133,18 @@ def _externalizer(stream, location: str) -> Callable:
 
 
 def write_onnx_model(path: str | os.PathLike, model: onnx.ModelProto, protect: tuple = (),
-                     external_data: bool | None = None) -> list[str]:
+                     external_data: bool | None = None, staged: StagedFiles | None = None) -> list[str]:
     """Write ``model`` to ``path`` whole or not at all; returns the absolute paths written, model first.
 
     ``external_data``: True puts every tensor of at least :data:`EXTERNAL_TENSOR_MIN_BYTES` in one file
     ``<model file name>.data`` beside the model (relative location); False never; None (default) when the
     tensors exceed :data:`EXTERNAL_DATA_THRESHOLD` or protobuf refuses the model.  Both files are staged and
-    renamed together.  When ``path`` is a temporary path of an open :class:`StagedFiles` (what
-    ``export_for_platform`` hands its exporters), the data file is named after the destination and staged
-    with it.  Never writes over ``protect`` paths or their external data files.
+    renamed together.  ``staged``: the open :class:`StagedFiles` that reserved ``path`` (what
+    ``export_for_platform`` hands its exporters): the data file is then named after the destination and
+    staged with it.  Never writes over ``protect`` paths or their external data files.
     """
     temporary = os.path.abspath(os.fspath(path))
-    owner = _STAGED.get(temporary)
-    final = owner.destination(temporary) if owner is not None else temporary
+    final = staged.destination(temporary) if staged is not None else temporary
     check_not_protected(final, protect)
     for _, tensor in tensor_slots(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -157,10 +156,10 @@ def write_onnx_model(path: str | os.PathLike, model: onnx.ModelProto, protect: t
         if data is None and external_data is False:
             raise ExportError(f"cannot write {final!r}: the model does not fit in one protobuf file (2 GiB); "
                               "write it with external data")
-    if owner is not None:
-        return _write_model(owner, temporary, final, model, data, protect)
-    with StagedFiles(protect) as staged:
-        written = _write_model(staged, staged.reserve(final), final, model, data, protect)
+    if staged is not None:
+        return _write_model(staged, temporary, final, model, data, protect)
+    with StagedFiles(protect) as own:
+        written = _write_model(own, own.reserve(final), final, model, data, protect)
     return written
 
 

@@ -84,12 +84,9 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
         changes["activation_observer"] = recipe.activation_observer
     if recipe.equalization and not setting.equalization and not policy.weight.per_channel:
         changes["equalization"] = True
-    if recipe.bias_correction and not setting.bias_correction:
-        changes["bias_correction"] = True
-    if recipe.adaround and not setting.adaround:
-        changes["adaround"] = True
-    if recipe.smooth_quant and not setting.smooth_quant:
-        changes["smooth_quant"] = True
+    for name in ("bias_correction", "adaround", "smooth_quant"):  # passes a recipe turns on where they are off
+        if getattr(recipe, name) and not getattr(setting, name):
+            changes[name] = True
     if recipe.time_budget_s is not None and setting.time_budget_s is None:
         changes["time_budget_s"] = recipe.time_budget_s
     if not changes:

@@ -73,7 +73,6 @@ class _Context:
         self.soi = soi_operations(graph, self.order, self.data_free)
         self.labels: dict[str, TargetPlatform] = {name: _SOI for name in self.soi}
         self.pinned: set[str] = set()
-        self.blocks: dict[str, TargetPlatform] = {}
         self.block_tails: dict[str, str] = {}  # tail op name -> block kind
 
     def pin(self, pins: dict) -> None:
@@ -249,8 +248,7 @@ def dispatch_graph(graph: Graph, platform: TargetPlatform | str, quantizable_typ
     ctx = _Context(graph, target, frozenset(quantizable_types))
     pins = _parse_pins(graph, dispatching_table, target, ctx.soi)
     if transformer is not None:
-        ctx.blocks = {name: label for name, label in ctx.block_labels(transformer).items() if name not in pins}
-        ctx.pin(ctx.blocks)
+        ctx.pin({name: label for name, label in ctx.block_labels(transformer).items() if name not in pins})
     ctx.pin(pins)
     strategy(ctx)
     for operation in ctx.order:

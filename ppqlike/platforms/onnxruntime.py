@@ -3,7 +3,7 @@
 uint8 asymmetric activations per tensor (what onnxruntime's x86 integer
 kernels fuse best), int8 symmetric per-channel weights, int32 bias,
 half-to-even rounding like QuantizeLinear.  The simulation computes Conv,
-MatMul, Gemm, Add and GlobalAveragePool as onnxruntime's integer kernels do
+MatMul, Gemm, Add, Mul and GlobalAveragePool as onnxruntime's integer kernels do
 (``runtime_kernels='onnxruntime'``), so it matches the deployed model.
 Transformers: attention MatMuls and residual Adds run as its integer kernels;
 LayerNorm, GELU and Softmax stay float (its QLinearSoftmax would compute a
