@@ -133,8 +133,9 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
                             "error they cause (default: the setting's, balanced); best: balanced plus learned "
                             "rounding of the weights and bias correction (minutes)")
     group.add_argument("--accuracy-target", type=float, metavar="COSINE",
-                       help="move the fewest ops to FP32 until the output cosine against FP32 (on calibration "
-                            "batches) reaches COSINE; the summary lists them")
+                       help="move the fewest ops to the platform's 16-bit grid (onnxruntime, DSP, TIDL), else FP32, "
+                            "until the output cosine against FP32 (on calibration batches) reaches COSINE; "
+                            "the summary lists them")
     group.add_argument("--time-budget", type=float, metavar="SECONDS",
                        help="seconds the best recipe's learned rounding may take (default: the recipe's own)")
     group.add_argument("--recalibrate", action="store_true",
@@ -345,6 +346,7 @@ def export_folder(graph, platform, output, names: dict, source: str, started: fl
                         **({"report": report["seconds"]} if report else {}), "total": round(finished - started, 3)},
             "recipe": metadata.get("recipe"),
             "moved_to_fp32_for_accuracy_target": metadata.get("mixed_precision_fp32_ops"),
+            "moved_to_int16_for_accuracy_target": metadata.get("mixed_precision_int16_ops"),
             "passes": [{"name": p["name"], "seconds": p["seconds"]} for p in metadata.get("passes", [])],
             "peak_memory_mib": peak_memory_mib()})
         write_summary(staging, names["summary"], summary)

@@ -235,4 +235,6 @@ def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequen
     if output is None or not _per_tensor(output) or output.state is QuantizationStates.BAKED:
         return None
     configs = [_root(c) for c in config.input_quantization_config]  # each kernel checks the ones it needs
+    if output.num_of_bits > 8 or any(c is not None and c.num_of_bits > 8 for c in configs[:2]):
+        return None  # onnxruntime's integer kernels take 8-bit tensors; 16-bit QDQ groups run in float
     return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output)

@@ -337,9 +337,10 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
                 visible[name] = located[name] = builder.add_pair(name, pair, name)
     notes += builder.notes
     if target >= WIDE_OPSET and builder.int8_pairs:
-        notes.append("onnxruntime 1.31 fails to load opset-21 models with int8 activation QDQ at "
-                     "ORT_ENABLE_EXTENDED and above (its QDQS8ToU8Transformer); for onnxruntime export with "
-                     "uint8_activations=True (the same values) or disable that optimizer")
+        notes.append("onnxruntime (1.31, 1.32) fails to load opset-21 models with int8 activation QDQ at "
+                     "ORT_ENABLE_EXTENDED and above (its QDQ propagation across MaxPool/Reshape and its "
+                     "QDQS8ToU8Transformer build invalid QuantizeLinear nodes); for onnxruntime export with "
+                     "uint8_activations=True (the same values) or lower the session's optimization level")
     nodes = builder.nodes
     initializers = builder.initializers
     used = {n for node in nodes for n in node.input} | graph_outputs

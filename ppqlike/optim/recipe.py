@@ -149,7 +149,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
     if setting.accuracy_target is not None:  # needs every other decision taken
         passes.append(MixedPrecisionPass(setting.accuracy_target,
                                          batches=setting.mixed_precision_batches,
-                                         max_ops=setting.mixed_precision_max_ops, verbose=verbose > 0))
+                                         max_ops=setting.mixed_precision_max_ops, verbose=verbose > 0,
+                                         higher_precision_bits=policy.higher_precision_bits))
     if policy.integer_requantization:
         passes.append(IntegerRequantizationPass())
     if policy.runtime_kernels:

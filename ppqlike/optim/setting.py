@@ -79,7 +79,7 @@ class QuantizationSetting(PPQSettingViews):
     ``smooth_quant`` (SmoothQuant: LayerNorm output outliers moved into the next weights;
     ``smooth_quant_alpha`` the migration strength, None: chosen per LayerNorm on the calibration data),
     ``accuracy_target`` (None: off; else the output cosine against FP32 to
-    reach by moving the fewest ops to FP32, measured on
+    reach by moving the fewest ops to the platform's 16-bit grid, else FP32, measured on
     ``mixed_precision_batches`` calibration batches, at most
     ``mixed_precision_max_ops`` ops, None: no limit).
     ``keep_imported_scales``: an already quantized model (QDQ/QOperator) keeps the file's scales

@@ -13,6 +13,7 @@ DSP_INT8_POLICY = PlatformPolicy(
     weight=TensorPolicy(num_of_bits=8, symmetric=False, signed=False, per_channel=False),
     bias_int32=True,
     add_alignment="none",
+    higher_precision_bits=16,  # A16 layers (QNN/SNPE run 16-bit activations and weights)
     exporter="qdq_onnx",
     description="DSP: asymmetric uint8 per-tensor weights and activations, int32 bias",
 )

@@ -19,6 +19,7 @@ ORT_INT8_POLICY = PlatformPolicy(
     weight=TensorPolicy(num_of_bits=8, symmetric=True, per_channel=True, narrow_range=True),
     bias_int32=True,
     runtime_kernels="onnxruntime",
+    higher_precision_bits=16,  # int16 QDQ (opset 21): onnxruntime runs such layers in float between them
     exporter="qdq_onnx",
     transformer=TransformerPolicy(layer_norm="float", gelu="float", softmax="float", attention_matmul="quantize",
                                   residual_add="quantize", embedding="float"),

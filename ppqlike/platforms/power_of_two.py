@@ -15,11 +15,12 @@ TIDL_INT8_POLICY = PlatformPolicy(
     weight=TensorPolicy(num_of_bits=8, symmetric=True, per_channel=False, narrow_range=True, power_of_2=True),
     bias_int32=True,
     add_alignment="larger",
+    higher_precision_bits=16,  # TIDL runs chosen layers in 16 bits (its params16bitNamesList)
     exporter="qdq_onnx",
     description="TIDL: power-of-2 symmetric per-tensor int8",
 )
 
 NXP_INT8_POLICY = TIDL_INT8_POLICY.with_changes(
-    platform=TargetPlatform.NXP_INT8, rounding=RoundingPolicy.ROUND_HALF_UP,
+    platform=TargetPlatform.NXP_INT8, rounding=RoundingPolicy.ROUND_HALF_UP, higher_precision_bits=None,
     activation=TensorPolicy(num_of_bits=8, symmetric=True, signed=True, power_of_2=True, observer="minmax"),
     description="NXP: power-of-2 symmetric per-tensor int8, rounding half up")

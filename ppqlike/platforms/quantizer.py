@@ -117,6 +117,8 @@ class PlatformPolicy:
     concat_alignment: bool = True
     integer_requantization: bool = False        # True: multiplier + right shift (TPU-MLIR)
     runtime_kernels: str | None = None          # 'onnxruntime': simulate its integer CPU kernels bit for bit
+    higher_precision_bits: int | None = None    # wider integer grid single layers may use (accuracy target);
+    #                                             None: those layers fall back to FP32
     exporter: str = "qdq_onnx"
     transformer: TransformerPolicy = TransformerPolicy()
     description: str = ""

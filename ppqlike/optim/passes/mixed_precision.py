@@ -1,48 +1,35 @@
-"""Mixed-precision fallback: move the fewest ops to FP32 to reach a target output cosine (TPU-MLIR style).
+"""Accuracy target: move the fewest ops to a higher precision until the output cosine holds (TPU-MLIR style).
 
-1. Units.  An op and the ops it is fused with are one unit: Conv -> Clip
-   after fusion quantizes once, at the Clip output, so moving the Conv alone
-   to FP32 would leave that quantization point in place.  Ops are joined when
-   an op's output config is OVERLAPPED by a config of the op that reads it.
-   A unit is a candidate when it owns a quantization point that is applied
-   (ACTIVATED, SLAVE or BAKED; bias, Clip bounds and Pad values, which follow
-   their masters, do not count).
+1. Units.  Fused ops move together (:func:`.precision_moves.find_units`).
 2. Sensitivity.  On ``batches`` calibration batches, each unit is quantized
    alone, everything else in float, and the cosine between the graph
    outputs and the FP32 outputs is measured (per sample, averaged; outputs
    averaged).  The FP32 intermediate values of the batch are computed once
    and only the ops downstream of the unit are run again, so a unit costs
-   a partial forward pass.
-3. Greedy.  Starting from the quantized graph, units are moved to FP32 worst
-   first (lowest cosine when quantized alone), the whole quantized graph
-   being measured again after every move, until the target cosine is
-   reached (or ``max_ops`` ops are in FP32, or no candidate is left).  Then
-   each moved unit is tried back in the quantized graph, latest first, and
-   stays quantized if the target still holds, so no unit is in FP32 that
-   the target does not need.
+   a partial forward pass.  The FP32 range of every tensor is noted on the
+   way (a wider grid covers it).
+3. Greedy.  Starting from the quantized graph, units are moved worst first
+   (lowest cosine when quantized alone), the whole quantized graph being
+   measured again after every move, until the target cosine is reached (or
+   ``max_ops`` ops are moved, or no candidate is left).  Where the platform
+   has a wider integer grid (``higher_precision_bits``, 16 for onnxruntime,
+   TIDL and DSPs) units move to it first; if every unit is there and the
+   target still does not hold, units move on to FP32 in the same order.
+   Platforms without one (TensorRT, TPU-MLIR, whose quantize table has no
+   16-bit integer mode) move units to FP32.  Then each move is undone,
+   latest first, where the target holds without it, so no unit is at a
+   higher precision that the target does not need.
 
-Moving a unit to FP32 (what the pass writes, in this order):
-
-* every config of another op that reads its scale from a config of the unit
-  (OVERLAPPED or SLAVE, at any depth of the chain: a consumer's input that
-  the unit's output quantized, a later reader of a graph input whose first
-  reader is in the unit, Concat inputs slaved to its output) is detached
-  and becomes ACTIVATED with the scale and offset it used, so the rest of
-  the graph stays quantized exactly as before and each TARGET op that reads
-  a float tensor of the unit quantizes it on entry (the boundary of
-  DESIGN.md section 4);
-* every config of the unit's ops becomes FP32 (BAKED and PASSIVE_BAKED
-  parameters, which may only be dequantized, are reset first), and the ops'
-  ``platform`` becomes FP32, so exporters treat them as dispatched to FP32
-  (TPU-MLIR's qtable lists their outputs as F32).
+What a move writes: :mod:`.precision_moves`.
 
 Reads: the configs of every TARGET op, after calibration, alignment and the
 passive pass (and after AdaRound / bias correction when they run); the
 executor and the calibration data.
-Writes: the states above; ``graph.metadata['quantization']
-['mixed_precision_fp32_ops']`` (the op names moved to FP32).  The search
-itself works on snapshots of the configs and restores them exactly between
-trials.  No 16-bit fallback: every moved op is FP32.
+Writes: the moves; ``graph.metadata['quantization']`` keys
+``mixed_precision_fp32_ops`` and ``mixed_precision_int16_ops`` (the op
+names moved; the second key is named after the width moved to, e.g.
+``_int16_``).  The search works on snapshots of the configs and restores
+them exactly between trials.
 """
 
 from __future__ import annotations
@@ -53,15 +40,12 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ...core.ir import Graph, Operation
-from ...core.quant import QuantizationStates, TensorQuantizationConfig
-from ...core.quant_graph import configured_operations, master_chain
 from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
-from ...platforms.target import TargetPlatform
 from ..base import QuantizationOptimizationPass, iterate_calibration
+from .precision_moves import can_widen, find_units, move_to_fp32, move_to_wider_grid, restore, snapshot
 
-S = QuantizationStates
-_OWNED = (S.ACTIVATED, S.SLAVE, S.BAKED)
+FP32 = "FP32"
 
 
 # ------------------------------------------------------------------ metrics
@@ -82,97 +66,6 @@ def output_cosine(outputs: list, references: list) -> float:
     return float(np.mean(values)) if values else 1.0
 
 
-# ------------------------------------------------------------ graph facts
-def _configs(operation: Operation) -> list[TensorQuantizationConfig]:
-    return operation.config.all_configs() if operation.config is not None else []
-
-
-def _owner_map(graph: Graph) -> dict[int, Operation]:
-    return {id(c): op for op in configured_operations(graph) for c in _configs(op)}
-
-
-def find_units(graph: Graph) -> list[list[Operation]]:
-    """Ops of each fused unit (topological order), for the units that own an applied quantization point."""
-    order = [op for op in configured_operations(graph)]
-    position = {op.name: i for i, op in enumerate(order)}
-    owner = _owner_map(graph)
-    parent = {op.name: op.name for op in order}
-
-    def find(name):
-        while parent[name] != name:
-            parent[name] = parent[parent[name]]
-            name = parent[name]
-        return name
-
-    for operation in order:
-        for index, config in enumerate(operation.config.output_quantization_config):
-            if config is None or config.state is not S.OVERLAPPED:
-                continue
-            readers = {c.name for c in operation.outputs[index].consumers}
-            for master in master_chain(config):
-                reader = owner.get(id(master))
-                if reader is not None and reader.name in readers:
-                    parent[find(operation.name)] = find(reader.name)
-                    break
-    groups: dict[str, list[Operation]] = {}
-    for operation in order:
-        groups.setdefault(find(operation.name), []).append(operation)
-    units = []
-    for members in groups.values():
-        owns = False
-        for operation in members:
-            for side, index, config in operation.config.iter_configs():
-                variable = (operation.inputs if side == "input" else operation.outputs)[index]
-                passive_slot = side == "input" and index > 0 and config.observer_algorithm == "passive"
-                if config.state in _OWNED and not passive_slot and variable is not None:
-                    owns = True
-        if owns:
-            units.append(sorted(members, key=lambda op: position[op.name]))
-    units.sort(key=lambda unit: position[unit[0].name])
-    return units
-
-
-# --------------------------------------------------------------- snapshots
-def _snapshot(graph: Graph) -> dict:
-    configs = {}
-    for operation in configured_operations(graph):
-        for config in _configs(operation):
-            configs[id(config)] = (config, dict(config.__dict__))
-    return {"configs": configs, "platforms": {op.name: op.platform for op in graph.operations.values()}}
-
-
-def _restore(graph: Graph, snapshot: dict) -> None:
-    for config, state in snapshot["configs"].values():
-        config.__dict__.clear()
-        config.__dict__.update(state)
-    for name, platform in snapshot["platforms"].items():
-        if name in graph.operations:
-            graph.operations[name].platform = platform
-
-
-def move_to_fp32(graph: Graph, unit: list[Operation]) -> dict:
-    """Make ``unit`` run in FP32 and keep everything else quantized as before (see the module docstring)."""
-    own = {id(c) for op in unit for c in _configs(op)}
-    detached = 0
-    for operation in configured_operations(graph):
-        if operation in unit:
-            continue
-        for config in _configs(operation):
-            if config.state in (S.OVERLAPPED, S.SLAVE) and any(id(m) in own for m in master_chain(config)):
-                config.detach(S.ACTIVATED)
-                detached += 1
-    for operation in unit:
-        for config in _configs(operation):
-            if config.state in (S.FP32, S.SOI):
-                continue
-            if config.state in (S.BAKED, S.PASSIVE_BAKED, S.DEQUANTIZED):
-                config.reset()
-                config.baked_value = None
-            config.state = S.FP32
-        operation.platform = TargetPlatform.FP32
-    return {"detached": detached}
-
-
 # ---------------------------------------------------------------- running
 class _Runner:
     """FP32 intermediates of one batch, and partial re-runs with one unit quantized."""
@@ -183,6 +76,7 @@ class _Runner:
         self.index = {op.name: i for i, op in enumerate(self.order)}
         self.outputs = [v.name for v in graph.outputs]
         self.downstream: dict[str, list[Operation]] = {}
+        self.observed: dict[str, tuple[float, float]] = {}  # tensor -> FP32 (min, max) over cached batches
 
     def cache(self, batch) -> dict:
         names = [v.name for op in self.order for v in op.outputs]
@@ -190,6 +84,12 @@ class _Runner:
             values = self.executor.forward(batch, output_names=names)
         cached = dict(zip(names, values))
         cached.update(self.executor.prepare_inputs(batch))
+        for name, value in cached.items():
+            value = np.asarray(value)
+            if value.size and value.dtype.kind == "f":
+                low, high = float(value.min()), float(value.max())
+                seen = self.observed.get(name, (low, high))
+                self.observed[name] = (min(seen[0], low), max(seen[1], high))
         return cached
 
     def _plan(self, unit: list[Operation]) -> list[Operation]:
@@ -225,21 +125,30 @@ class _Runner:
         return [values[n] if n in values else cached[n] for n in self.outputs]
 
 
-class MixedPrecisionPass(QuantizationOptimizationPass):
-    """Move the fewest fused units to FP32 so the output cosine reaches ``target`` (see the module docstring).
+def _precision_name(bits: int | None) -> str:
+    return FP32 if bits is None else f"INT{bits}"
 
-    ``batches``: calibration batches to measure on; ``max_ops``: most ops to
-    move (None: no limit); ``prune``: try moved units back afterwards.
+
+class MixedPrecisionPass(QuantizationOptimizationPass):
+    """Move the fewest fused units to a higher precision so the output cosine reaches ``target``.
+
+    ``higher_precision_bits``: the platform's wider integer grid (16), tried
+    before FP32; None: FP32 only.  ``batches``: calibration batches to
+    measure on; ``max_ops``: most ops to move (None: no limit); ``prune``:
+    try moves back afterwards.  See the module docstring.
     """
 
     name = "mixed_precision"
 
     def __init__(self, target: float = 0.99, batches: int = 2, max_ops: int | None = None, prune: bool = True,
-                 verbose: bool = True):
+                 verbose: bool = True, higher_precision_bits: int | None = None):
         if not -1.0 < float(target) <= 1.0:
             raise ValueError(f"mixed-precision target cosine must be in (-1, 1], got {target}")
+        if higher_precision_bits is not None and not 8 < int(higher_precision_bits) <= 16:
+            raise ValueError(f"higher_precision_bits must be None or in (8, 16], got {higher_precision_bits}")
         self.target, self.batches, self.max_ops = float(target), int(batches), max_ops
         self.prune, self.verbose = prune, verbose
+        self.bits = None if higher_precision_bits is None else int(higher_precision_bits)
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
@@ -264,39 +173,60 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
             measured += 1
             return float(np.mean([output_cosine(executor.forward(b), r) for b, r in zip(data, references)]))
 
+        def apply(moves: dict[int, int | None]) -> None:
+            """From the original configs, move each unit to its precision (bits, or None for FP32)."""
+            restore(graph, original)
+            for i, bits in moves.items():
+                if bits is None:
+                    move_to_fp32(graph, units[i])
+                else:
+                    move_to_wider_grid(graph, units[i], bits, runner.observed)
+
         initial = current = measure()
-        original = _snapshot(graph)
+        original = snapshot(graph)
         ranking = sorted(range(len(units)), key=lambda i: sensitivity[i])
-        chosen: list[int] = []
+        steps_to_try = [(i, self.bits) for i in ranking if self.bits is not None and can_widen(units[i])]
+        steps_to_try += [(i, None) for i in ranking]
+        moves: dict[int, int | None] = {}   # unit -> bits it moved to (None: FP32), in the order moved
         trace = []
-        for i in ranking:
+        for i, bits in steps_to_try:
             if current >= self.target:
                 break
-            count = sum(len(units[j]) for j in chosen) + len(units[i])
+            count = sum(len(units[j]) for j in moves if j != i) + len(units[i])
             if self.max_ops is not None and count > self.max_ops:
                 continue
-            move_to_fp32(graph, units[i])
-            chosen.append(i)
+            was_moved = moves.pop(i, False) is not False
+            moves[i] = bits
+            if was_moved:       # INT16 -> FP32: redo from the original configs
+                apply(moves)
+            elif bits is None:
+                move_to_fp32(graph, units[i])
+            else:
+                move_to_wider_grid(graph, units[i], bits, runner.observed)
             current = measure()
-            trace.append({"unit": [op.name for op in units[i]], "cosine": current})
-        if self.prune and current >= self.target and len(chosen) > 1:
-            for i in list(reversed(chosen[:-1])):
-                trial = [j for j in chosen if j != i]
-                _restore(graph, original)
-                for j in trial:
-                    move_to_fp32(graph, units[j])
+            trace.append({"unit": [op.name for op in units[i]], "precision": _precision_name(bits),
+                          "cosine": current})
+        if self.prune and current >= self.target and len(moves) > 1:
+            for i in list(reversed(list(moves)[:-1])):
+                trial = {j: b for j, b in moves.items() if j != i}
+                apply(trial)
                 cosine = measure()
                 if cosine >= self.target:
-                    chosen, current = trial, cosine
+                    moves, current = trial, cosine
                     trace.append({"restored": [op.name for op in units[i]], "cosine": cosine})
-            _restore(graph, original)
-            for j in chosen:
-                move_to_fp32(graph, units[j])
-        fp32_ops = [op.name for j in chosen for op in units[j]]
-        graph.metadata.setdefault("quantization", {})["mixed_precision_fp32_ops"] = list(fp32_ops)
+            apply(moves)
+        moved = {FP32: [op.name for j, b in moves.items() if b is None for op in units[j]]}
+        if self.bits is not None:
+            moved[_precision_name(self.bits)] = [op.name for j, b in moves.items() if b is not None
+                                                 for op in units[j]]
+        record = graph.metadata.setdefault("quantization", {})
+        for precision, names in moved.items():
+            record[f"mixed_precision_{precision.lower()}_ops"] = list(names)
         worst = [{"unit": [op.name for op in units[i]], "cosine_alone": round(sensitivity[i], 6)}
                  for i in ranking[:10]]
         return {"target": self.target, "initial_cosine": initial, "final_cosine": current,
-                "reached": bool(current >= self.target), "fp32_op_count": len(fp32_ops), "fp32_ops": fp32_ops,
-                "units": len(units), "measurements": measured, "batches": len(data),
-                "seconds": round(time.perf_counter() - started, 3), "most_sensitive": worst, "trace": trace}
+                "reached": bool(current >= self.target), "moved": moved,
+                "fp32_op_count": len(moved[FP32]), "fp32_ops": moved[FP32],
+                "higher_precision": _precision_name(self.bits), "units": len(units), "measurements": measured,
+                "batches": len(data), "seconds": round(time.perf_counter() - started, 3),
+                "most_sensitive": worst, "trace": trace}

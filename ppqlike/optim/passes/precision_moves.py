@@ -1,0 +1,207 @@
+"""Moving a fused unit of ops to a higher precision: FP32, or a wider integer grid (INT16).
+
+The accuracy target (:mod:`.mixed_precision`) decides *which* units move;
+this module says what a move writes.
+
+Units.  An op and the ops it is fused with are one unit: Conv -> Clip after
+fusion quantizes once, at the Clip output, so moving the Conv alone would
+leave that quantization point in place.  Ops are joined when an op's output
+config is OVERLAPPED by a config of the op that reads it.  A unit is a
+candidate when it owns a quantization point that is applied (ACTIVATED,
+SLAVE or BAKED; bias, Clip bounds and Pad values, which follow their
+masters, do not count).
+
+To FP32 (:func:`move_to_fp32`):
+
+* every config of another op that reads its scale from a config of the unit
+  (OVERLAPPED or SLAVE, at any depth of the chain) is detached and becomes
+  ACTIVATED with the scale and offset it used, so the rest of the graph
+  stays quantized exactly as before and each op that reads a float tensor
+  of the unit quantizes it on entry (the boundary of DESIGN.md section 4);
+* every config of the unit's ops becomes FP32 (BAKED and PASSIVE_BAKED
+  parameters are reset first) and the ops' ``platform`` becomes FP32, so
+  exporters treat them as dispatched to FP32 (TPU-MLIR's qtable lists them).
+
+To ``bits``-bit integers (:func:`move_to_wider_grid`, INT16 where the
+platform runs it: onnxruntime through int16 QDQ, TIDL and DSPs natively):
+
+* each activation the unit quantizes itself (an ACTIVATED config) gets a
+  ``bits``-bit grid of the same kind (unsigned, signed, narrow) over the
+  union of its 8-bit range and the FP32 range seen on the measured batches:
+  min-max, since a 16-bit grid has the steps to spare that clipping saves
+  at 8 bits.  Readers that are OVERLAPPED or SLAVE by it follow its grid
+  (one tensor, one Q/DQ pair);
+* each weight of the unit is quantized again at ``bits`` bits, min-max per
+  channel or per tensor as the platform's policy says;
+* each bias of the unit stays float (FP32): its int32 scale, input scale
+  times weight scale, is about 2^16 times finer on a 16-bit layer and would
+  overflow int32; the runtime adds it in float or requantizes it itself.
+
+The ops keep their platform.  Reads and writes only the unit's configs (and
+for FP32 the configs that read them); :func:`snapshot` / :func:`restore`
+undo any number of moves exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...core.ir import Graph, Operation
+from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.quant_graph import configured_operations, master_chain
+from ...platforms.target import TargetPlatform
+from ..observers.minmax import MinMaxObserver
+
+S = QuantizationStates
+_OWNED = (S.ACTIVATED, S.SLAVE, S.BAKED)
+
+
+# ------------------------------------------------------------ graph facts
+def _configs(operation: Operation) -> list[TensorQuantizationConfig]:
+    return operation.config.all_configs() if operation.config is not None else []
+
+
+def _owner_map(graph: Graph) -> dict[int, Operation]:
+    return {id(c): op for op in configured_operations(graph) for c in _configs(op)}
+
+
+def find_units(graph: Graph) -> list[list[Operation]]:
+    """Ops of each fused unit (topological order), for the units that own an applied quantization point."""
+    order = [op for op in configured_operations(graph)]
+    position = {op.name: i for i, op in enumerate(order)}
+    owner = _owner_map(graph)
+    parent = {op.name: op.name for op in order}
+
+    def find(name):
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    for operation in order:
+        for index, config in enumerate(operation.config.output_quantization_config):
+            if config is None or config.state is not S.OVERLAPPED:
+                continue
+            readers = {c.name for c in operation.outputs[index].consumers}
+            for master in master_chain(config):
+                reader = owner.get(id(master))
+                if reader is not None and reader.name in readers:
+                    parent[find(operation.name)] = find(reader.name)
+                    break
+    groups: dict[str, list[Operation]] = {}
+    for operation in order:
+        groups.setdefault(find(operation.name), []).append(operation)
+    units = []
+    for members in groups.values():
+        owns = False
+        for operation in members:
+            for side, index, config in operation.config.iter_configs():
+                variable = (operation.inputs if side == "input" else operation.outputs)[index]
+                passive_slot = side == "input" and index > 0 and config.observer_algorithm == "passive"
+                if config.state in _OWNED and not passive_slot and variable is not None:
+                    owns = True
+        if owns:
+            units.append(sorted(members, key=lambda op: position[op.name]))
+    units.sort(key=lambda unit: position[unit[0].name])
+    return units
+
+
+# --------------------------------------------------------------- snapshots
+def snapshot(graph: Graph) -> dict:
+    """Every config's state and every op's platform, for :func:`restore`."""
+    configs = {}
+    for operation in configured_operations(graph):
+        for config in _configs(operation):
+            configs[id(config)] = (config, dict(config.__dict__))
+    return {"configs": configs, "platforms": {op.name: op.platform for op in graph.operations.values()}}
+
+
+def restore(graph: Graph, snapshot: dict) -> None:
+    """Put back exactly what :func:`snapshot` saw."""
+    for config, state in snapshot["configs"].values():
+        config.__dict__.clear()
+        config.__dict__.update(state)
+    for name, platform in snapshot["platforms"].items():
+        if name in graph.operations:
+            graph.operations[name].platform = platform
+
+
+def move_to_fp32(graph: Graph, unit: list[Operation]) -> dict:
+    """Make ``unit`` run in FP32 and keep everything else quantized as before (see the module docstring)."""
+    own = {id(c) for op in unit for c in _configs(op)}
+    detached = 0
+    for operation in configured_operations(graph):
+        if operation in unit:
+            continue
+        for config in _configs(operation):
+            if config.state in (S.OVERLAPPED, S.SLAVE) and any(id(m) in own for m in master_chain(config)):
+                config.detach(S.ACTIVATED)
+                detached += 1
+    for operation in unit:
+        for config in _configs(operation):
+            if config.state in (S.FP32, S.SOI):
+                continue
+            if config.state in (S.BAKED, S.PASSIVE_BAKED, S.DEQUANTIZED):
+                config.reset()
+                config.baked_value = None
+            config.state = S.FP32
+        operation.platform = TargetPlatform.FP32
+    return {"detached": detached}
+
+
+def _integer_range(config: TensorQuantizationConfig) -> tuple[float, float]:
+    """The float range [S (qmin - Z), S (qmax - Z)] of a per-tensor config's grid."""
+    scale, offset = float(np.asarray(config.scale).reshape(-1)[0]), int(np.asarray(config.offset).reshape(-1)[0])
+    return scale * (config.quant_min - offset), scale * (config.quant_max - offset)
+
+
+def _requantize_minmax(config: TensorQuantizationConfig, bits: int, values: np.ndarray) -> None:
+    """Give an INITIAL or ACTIVATED ``config`` a ``bits``-bit grid holding ``values``, min-max, ACTIVATED."""
+    config.num_of_bits = bits
+    observer = MinMaxObserver(config)
+    observer.observe(values)
+    observer.render()
+    if config.state is not S.ACTIVATED:
+        config.state = S.ACTIVATED
+
+
+def can_widen(unit: list[Operation]) -> bool:
+    """Whether :func:`move_to_wider_grid` applies: every activation the unit quantizes itself is per tensor."""
+    for operation in unit:
+        for side, index, config in operation.config.iter_configs():
+            variable = (operation.inputs if side == "input" else operation.outputs)[index]
+            activation = variable is not None and not (side == "input" and variable.is_parameter)
+            if config.state is S.ACTIVATED and activation and config.policy.per_channel:
+                return False
+    return True
+
+
+def move_to_wider_grid(graph: Graph, unit: list[Operation], bits: int, observed: dict) -> dict:
+    """Run ``unit`` on ``bits``-bit integers (see the module docstring).
+
+    ``observed``: tensor name -> (min, max) of its FP32 values on the measured batches.
+    """
+    widened = {"activations": 0, "weights": 0, "float_biases": 0}
+    for operation in unit:
+        for side, index, config in operation.config.iter_configs():
+            variable = (operation.inputs if side == "input" else operation.outputs)[index]
+            if variable is None or config.state in (S.FP32, S.SOI, S.DEACTIVATED):
+                continue
+            parameter = side == "input" and variable.is_parameter
+            if parameter and config.observer_algorithm == "passive":
+                if config.state is S.PASSIVE_BAKED:
+                    config.reset()
+                    config.baked_value = None
+                config.state = S.FP32
+                widened["float_biases"] += 1
+            elif parameter:
+                config.reset()
+                config.baked_value = None
+                _requantize_minmax(config, bits, np.asarray(variable.value))
+                widened["weights"] += 1
+            elif config.state is S.ACTIVATED and config.num_of_bits < bits:
+                low, high = _integer_range(config)
+                seen_low, seen_high = observed.get(variable.name, (low, high))
+                _requantize_minmax(config, bits, np.array([min(low, seen_low), max(high, seen_high)]))
+                widened["activations"] += 1
+    return widened

@@ -1,0 +1,120 @@
+"""The accuracy target: the fewest ops moved to the platform's 16-bit grid (else FP32) until the cosine holds."""
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+
+import ppqlike
+from ppqlike.api import quantize_onnx_model
+from ppqlike.core.quant import QuantizationStates as S
+from ppqlike.optim.passes.mixed_precision import output_cosine
+from ppqlike.optim.setting import QuantizationSettingFactory
+from ppqlike.platforms.policies import get_platform_policy
+from shared_bench import PRESETS, load_images, requires_bench
+from test_accuracy_passes import chain_model, data, measured_cosine, sensitive_model
+
+
+def _quantize(model, platform, target, batches, recipe="plain", **changes):
+    setting = QuantizationSettingFactory.for_platform(platform, recipe=recipe)
+    setting.accuracy_target = target
+    for name, value in changes.items():
+        setattr(setting, name, value)
+    return quantize_onnx_model(model, batches, platform=platform, setting=setting)
+
+
+def _mixed_precision_report(graph):
+    return next(p for p in graph.metadata["quantization"]["passes"] if p["name"] == "mixed_precision")["report"]
+
+
+def test_platforms_name_their_wider_grid():
+    assert {name: get_platform_policy(name).higher_precision_bits
+            for name in ("ORT_INT8", "DSP_INT8", "TIDL_INT8", "TRT_INT8", "TPU_INT8", "NXP_INT8")} == \
+        {"ORT_INT8": 16, "DSP_INT8": 16, "TIDL_INT8": 16, "TRT_INT8": None, "TPU_INT8": None, "NXP_INT8": None}
+
+
+def test_the_sensitive_layer_moves_to_int16_with_its_weights_and_its_grid():
+    batches = data(3)
+    plain = _quantize(sensitive_model(), "DSP_INT8", None, batches)
+    assert measured_cosine(plain, batches[:2]) < 0.99
+    graph = _quantize(sensitive_model(), "DSP_INT8", 0.99, batches)
+    meta = graph.metadata["quantization"]
+    assert meta["mixed_precision_int16_ops"] == ["conv2", "relu2"] and meta["mixed_precision_fp32_ops"] == []
+    assert measured_cosine(graph, batches[:2]) >= 0.99
+    conv2, relu2, conv3 = (graph.operations[n] for n in ("conv2", "relu2", "conv3"))
+    assert conv2.platform.name == "DSP_INT8"  # stays on the platform, unlike an FP32 move
+    weight, bias = conv2.config.input_quantization_config[1:3]
+    assert (weight.num_of_bits, weight.quant_min, weight.quant_max, weight.state) == (16, 0, 65535, S.BAKED)
+    assert bias.state is S.FP32  # an int32 bias at input scale x 16-bit weight scale would overflow
+    output = relu2.config.output_quantization_config[0]
+    assert (output.num_of_bits, output.quant_min, output.quant_max, output.state) == (16, 0, 65535, S.ACTIVATED)
+    reader = conv3.config.input_quantization_config[0]
+    assert reader.state is S.OVERLAPPED and reader.num_of_bits == 16  # one tensor, one grid
+    # the 16-bit grid covers the FP32 range seen (min-max), at least the 8-bit range it replaces
+    assert float(output.scale) * 65535 >= float(plain.operations["relu2"].config.output_quantization_config[0]
+                                                .scale) * 255 * (1 - 1e-6)
+    # the rest of the graph is untouched
+    for name in ("conv1", "conv3"):
+        assert graph.operations[name].config.input_quantization_config[1].num_of_bits == 8
+
+
+def test_a_platform_without_a_wider_grid_moves_to_fp32():
+    batches = data(3)
+    graph = _quantize(sensitive_model(), "TPU_INT8", 0.99, batches)
+    meta = graph.metadata["quantization"]
+    assert "conv2" in meta["mixed_precision_fp32_ops"] and "mixed_precision_int16_ops" not in meta
+    assert graph.operations["conv2"].platform.name == "FP32"
+
+
+def test_fp32_follows_when_int16_is_not_enough():
+    batches = data(2)
+    graph = _quantize(chain_model(), "DSP_INT8", 1.0, batches, mixed_precision_batches=1)
+    report = _mixed_precision_report(graph)
+    precisions = [step["precision"] for step in report["trace"] if "precision" in step]
+    assert precisions[0] == "INT16" and "FP32" in precisions
+    assert precisions.index("FP32") > max(i for i, p in enumerate(precisions) if p == "INT16")
+    moved = graph.metadata["quantization"]
+    fp32 = set(moved["mixed_precision_fp32_ops"])
+    assert fp32 and not fp32 & set(moved["mixed_precision_int16_ops"])
+    for name in fp32:
+        assert all(c.state in (S.FP32, S.SOI) for c in graph.operations[name].config.all_configs())
+
+
+@pytest.mark.parametrize("platform", ["DSP_INT8", "ORT_INT8"])
+def test_int16_layers_export_to_opset_21_and_onnxruntime_computes_the_simulation(tmp_path, platform):
+    batches = data(3)
+    model = sensitive_model() if platform == "DSP_INT8" else chain_model()
+    graph = _quantize(model, platform, 0.9999, batches)
+    assert graph.metadata["quantization"]["mixed_precision_int16_ops"]
+    path = tmp_path / "model.onnx"
+    ppqlike.export_ppq_graph(graph, platform, str(path))
+    exported = onnx.load(str(path))
+    assert max(o.version for o in exported.opset_import if o.domain in ("", "ai.onnx")) == 21
+    wide = {onnx.TensorProto.INT16, onnx.TensorProto.UINT16}
+    assert any(i.data_type in wide for i in exported.graph.initializer)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    executor = ppqlike.NumpyExecutor(graph)
+    output_config = graph.outputs[0].producer.config.output_quantization_config[0]
+    step = float(output_config.scale)
+    for batch in batches:
+        got = session.run(None, {session.get_inputs()[0].name: batch})[0]
+        want = executor.forward(batch)[0]
+        # onnxruntime runs 16-bit groups in float: its summation order may move a rounding by one step
+        assert np.max(np.abs(got - want)) <= 2 * step + 1e-6
+        assert np.mean(got == want) > 0.9
+
+
+@requires_bench
+def test_mobilenetv2_reaches_the_target_on_held_aside_images_with_few_int16_ops():
+    images, _, _ = load_images("mobilenetv2", "calib", 40)
+    calibration, held = [images[i:i + 8] for i in range(0, 32, 8)], images[32:]
+    graph = _quantize(str(PRESETS["mobilenetv2"].path), "ORT_INT8", 0.99, calibration,
+                      recipe="balanced", mixed_precision_batches=2)
+    moved = graph.metadata["quantization"]
+    assert moved["mixed_precision_fp32_ops"] == [] and 0 < len(moved["mixed_precision_int16_ops"]) <= 12
+    report = _mixed_precision_report(graph)
+    assert report["reached"] and report["final_cosine"] >= 0.99 > report["initial_cosine"]
+    session = onnxruntime.InferenceSession(str(PRESETS["mobilenetv2"].path), providers=["CPUExecutionProvider"])
+    reference = session.run(None, {session.get_inputs()[0].name: held})[0]
+    got = ppqlike.NumpyExecutor(graph).forward(held)[0]
+    assert output_cosine([got], [reference]) > 0.985  # images the search did not see
