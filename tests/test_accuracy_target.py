@@ -118,3 +118,10 @@ def test_mobilenetv2_reaches_the_target_on_held_aside_images_with_few_int16_ops(
     reference = session.run(None, {session.get_inputs()[0].name: held})[0]
     got = ppqlike.NumpyExecutor(graph).forward(held)[0]
     assert output_cosine([got], [reference]) > 0.985  # images the search did not see
+
+
+def test_a_target_already_met_costs_one_measurement():
+    graph = _quantize(chain_model(), "ORT_INT8", 0.5, data(2))
+    report = _mixed_precision_report(graph)
+    assert report["reached"] and report["measurements"] == 1 and report["most_sensitive"] == []
+    assert report["moved"] == {"FP32": [], "INT16": []}

@@ -157,21 +157,23 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
         steps = self.batches if calib_steps is None else min(self.batches, calib_steps)
         data = list(iterate_calibration(dataloader, steps, collate_fn, "mixed precision data", False))
         runner = _Runner(graph, executor)
-        references = []
+        with dequantized(graph):
+            references = [executor.forward(batch) for batch in data]
         units = find_units(graph)
-        sensitivity = {i: 0.0 for i in range(len(units))}
-        for batch in data:
-            cached = runner.cache(batch)
-            references.append([cached[n] for n in runner.outputs])
-            for i, unit in enumerate(units):
-                sensitivity[i] += output_cosine(runner.quantize_alone(unit, cached), references[-1]) / len(data)
-            del cached
         measured = 0
 
         def measure() -> float:
             nonlocal measured
             measured += 1
             return float(np.mean([output_cosine(executor.forward(b), r) for b, r in zip(data, references)]))
+
+        initial = current = measure()
+        sensitivity = {i: 0.0 for i in range(len(units))}
+        for batch, reference in zip(data, references if initial < self.target else ()):  # none if met
+            cached = runner.cache(batch)
+            for i, unit in enumerate(units):
+                sensitivity[i] += output_cosine(runner.quantize_alone(unit, cached), reference) / len(data)
+            del cached
 
         def apply(moves: dict[int, int | None]) -> None:
             """From the original configs, move each unit to its precision (bits, or None for FP32)."""
@@ -182,7 +184,6 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
                 else:
                     move_to_wider_grid(graph, units[i], bits, runner.observed)
 
-        initial = current = measure()
         original = snapshot(graph)
         ranking = sorted(range(len(units)), key=lambda i: sensitivity[i])
         steps_to_try = [(i, self.bits) for i in ranking if self.bits is not None and can_widen(units[i])]
@@ -223,7 +224,7 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
         for precision, names in moved.items():
             record[f"mixed_precision_{precision.lower()}_ops"] = list(names)
         worst = [{"unit": [op.name for op in units[i]], "cosine_alone": round(sensitivity[i], 6)}
-                 for i in ranking[:10]]
+                 for i in ranking[:10]] if initial < self.target else []  # not measured when already met
         return {"target": self.target, "initial_cosine": initial, "final_cosine": current,
                 "reached": bool(current >= self.target), "moved": moved,
                 "fp32_op_count": len(moved[FP32]), "fp32_ops": moved[FP32],
