@@ -36,6 +36,36 @@ class QuantizationOptimizationPass:
         return f"<pass {self.name}>"
 
 
+class TimeBudget:
+    """Seconds shared by the passes of one pipeline run; the clock starts when the first pass asks.
+
+    ``TimeBudget(None)`` never runs out.  Passes call :meth:`deadline` when they start and stop their
+    optional work at that ``time.perf_counter()`` value, keeping what they have done.
+    """
+
+    def __init__(self, seconds: float | None = None):
+        if seconds is not None and seconds < 0:
+            raise PlatformError(f"a time budget must be None or at least 0 seconds, got {seconds}")
+        self.seconds = seconds
+        self.started: float | None = None
+
+    @classmethod
+    def of(cls, value: "TimeBudget | float | None") -> "TimeBudget":
+        """``value`` itself when it is a TimeBudget, else a new one of ``value`` seconds."""
+        return value if isinstance(value, TimeBudget) else cls(value)
+
+    def deadline(self) -> float:
+        """The perf_counter() value at which the budget is spent (inf without a budget)."""
+        if self.seconds is None:
+            return float("inf")
+        if self.started is None:
+            self.started = time.perf_counter()
+        return self.started + self.seconds
+
+    def __repr__(self) -> str:
+        return f"TimeBudget({self.seconds})"
+
+
 @dataclass
 class PassRecord:
     """What one pass did in a pipeline run: its name, seconds taken and report."""

@@ -4,7 +4,7 @@ One place says what a quantization run does: :func:`resolve_policy` (the
 platform's policy with the setting's overrides), :func:`format_for_quantization`
 (the graph formatting the setting enables) and :func:`build_pipeline` (the
 passes, in order: refine, fusion, simplify, [smooth quant], [equalization], parameter,
-[AdaRound], calibration, alignment, passive, [bias correction], [mixed
+[AdaRound], calibration, alignment, passive, [range search], [bias correction], [mixed
 precision], [integer requantization], [runtime kernels], baking).
 """
 
@@ -18,8 +18,8 @@ from ..core.ir import Graph
 from ..io import format as graph_format
 from ..platforms.policies import get_platform_policy
 from ..platforms.quantizer import PlatformPolicy
-from .base import DEFAULT_PASS_REGISTRY, QuantizationOptimizationPipeline
-from .passes import (AdaroundPass, BiasCorrectionPass, FusionPass, IntegerRequantizationPass,
+from .base import DEFAULT_PASS_REGISTRY, QuantizationOptimizationPipeline, TimeBudget
+from .passes import (ActivationRangeSearchPass, AdaroundPass, BiasCorrectionPass, FusionPass, IntegerRequantizationPass,
                      LayerwiseEqualizationPass, MixedPrecisionPass, ParameterBakingPass, ParameterQuantizePass,
                      PassiveParameterQuantizePass, QuantizationAlignmentPass, QuantizationSimplifyPass,
                      QuantizeRefinePass, RuntimeCalibrationPass, RuntimeKernelPass, SmoothQuantPass)
@@ -40,6 +40,7 @@ class Recipe:
     equalization: bool = False               # cross-layer equalization where weights are per tensor
     adaround: bool = False                   # learned rounding of the weights (8-bit as well as 4-bit)
     smooth_quant: bool = False               # LayerNorm outliers into the next weights (transformers only)
+    range_search: bool = False               # activation ranges chosen again at their readers, quantized inputs
     time_budget_s: float | None = None       # the learned rounding's seconds, where the setting leaves None
 
 
@@ -84,7 +85,7 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
         changes["activation_observer"] = recipe.activation_observer
     if recipe.equalization and not setting.equalization and not policy.weight.per_channel:
         changes["equalization"] = True
-    for name in ("bias_correction", "adaround", "smooth_quant"):  # passes a recipe turns on where they are off
+    for name in ("bias_correction", "adaround", "smooth_quant", "range_search"):  # passes a recipe turns on where they are off
         if getattr(recipe, name) and not getattr(setting, name):
             changes[name] = True
     if recipe.time_budget_s is not None and setting.time_budget_s is None:
@@ -125,6 +126,7 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                    registry=DEFAULT_PASS_REGISTRY) -> QuantizationOptimizationPipeline:
     """The pipeline for ``policy`` and ``setting``, with the registered user passes placed in it."""
     passes = [QuantizeRefinePass(policy)]
+    budget = TimeBudget(setting.time_budget_s)  # shared by the passes that stop at it
     if setting.fusion:
         passes.append(FusionPass(policy.fused_activations))
     if setting.simplify:
@@ -138,11 +140,14 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
     if setting.adaround:  # needs the weight scales; bakes the weights it rounds, so activations are
         # calibrated on the network as it will run (4-bit weights change the activations a lot)
         passes.append(AdaroundPass(steps=setting.adaround_steps, samples=setting.adaround_samples,
-                                   inputs="float", verbose=verbose > 0, time_budget_s=setting.time_budget_s))
+                                   inputs="float", verbose=verbose > 0, time_budget_s=budget))
     passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0,
                                       backend=setting.calibration_backend, workers=setting.calibration_workers),
                QuantizationAlignmentPass(setting.concat_alignment, policy.add_alignment),
                PassiveParameterQuantizePass()]
+    if setting.range_search:  # needs every range calibrated; bias correction then measures what is left
+        passes.append(ActivationRangeSearchPass(samples=setting.range_search_samples, time_budget=budget,
+                                                verbose=verbose > 0))
     if setting.bias_correction:  # measures the error of the weights as they will be baked
         passes.append(BiasCorrectionPass(steps=setting.bias_correction_steps,
                                          new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0))

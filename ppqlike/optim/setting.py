@@ -78,6 +78,8 @@ class QuantizationSetting(PPQSettingViews):
     weight range),
     ``smooth_quant`` (SmoothQuant: LayerNorm output outliers moved into the next weights;
     ``smooth_quant_alpha`` the migration strength, None: chosen per LayerNorm on the calibration data),
+    ``range_search`` (each per-tensor activation range chosen again by the error it causes at its
+    readers, with the quantized inputs they will see, on ``range_search_samples`` calibration samples),
     ``accuracy_target`` (None: off; else the output cosine against FP32 to
     reach by moving the fewest ops to the platform's 16-bit grid, else FP32, measured on
     ``mixed_precision_batches`` calibration batches, at most
@@ -119,6 +121,8 @@ class QuantizationSetting(PPQSettingViews):
     adaround_samples: int = 4096
     smooth_quant: bool = False
     smooth_quant_alpha: float | None = None
+    range_search: bool = False
+    range_search_samples: int = 32
     accuracy_target: float | None = None
     mixed_precision_batches: int = 2
     mixed_precision_max_ops: int | None = None
@@ -152,7 +156,7 @@ class QuantizationSetting(PPQSettingViews):
             raise PlatformError(f"setting.calibration_backend {self.calibration_backend!r} is unknown; choose "
                                 "'local' or 'ray'")
         for name in ("search_batches", "calibration_workers", "equalization_iterations", "adaround_steps",
-                     "adaround_samples", "mixed_precision_batches"):
+                     "adaround_samples", "mixed_precision_batches", "range_search_samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlatformError(f"setting.{name} must be a positive integer, got {value!r}")

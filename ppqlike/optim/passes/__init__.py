@@ -10,6 +10,7 @@ from .fusion import FusionPass
 from .mixed_precision import MixedPrecisionPass
 from .parameter import ParameterQuantizePass
 from .passive import PassiveParameterQuantizePass
+from .range_search import ActivationRangeSearchPass
 from .refine import QuantizeRefinePass
 from .requantization import IntegerRequantizationPass
 from .runtime_kernels import RuntimeKernelPass
@@ -19,4 +20,4 @@ from .smooth_quant import SmoothQuantPass
 __all__ = ["QuantizeRefinePass", "FusionPass", "QuantizationSimplifyPass", "ParameterQuantizePass", "RuntimeCalibrationPass",
            "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass",
            "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass",
-           "RuntimeKernelPass", "SmoothQuantPass"]
+           "RuntimeKernelPass", "SmoothQuantPass", "ActivationRangeSearchPass"]

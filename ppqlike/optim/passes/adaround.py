@@ -93,7 +93,7 @@ from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.quant_graph import configured_operations, input_config
 from ...executor import NumpyExecutor, OperationHook
 from ...executor.simulation import dequantized
-from ..base import QuantizationOptimizationPass, iterate_calibration
+from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
 
 S = QuantizationStates
 ZETA, GAMMA = 1.1, -0.1
@@ -406,7 +406,7 @@ class AdaroundPass(QuantizationOptimizationPass):
     ``warmup``: the fraction of iterations without the regularizer;
     ``scale_search``: search the weight range first; ``calib_batches``:
     batches to draw rows from (None: the pipeline's ``calib_steps``); ``time_budget_s``: seconds the pass
-    may take from its start (None: no limit): when they are spent the layers not yet done keep nearest
+    may take from its start, or a TimeBudget shared with later passes (None: no limit): when they are spent the layers not yet done keep nearest
     rounding (the baking pass rounds them), so the pass always leaves a valid graph.
     """
 
@@ -429,7 +429,7 @@ class AdaroundPass(QuantizationOptimizationPass):
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
         started = time.perf_counter()
-        deadline = math.inf if self.time_budget_s is None else started + self.time_budget_s
+        deadline = TimeBudget.of(self.time_budget_s).deadline()
         executor = executor or NumpyExecutor(graph)
         stats, skipped = {}, []
         for operation in configured_operations(graph):
@@ -478,7 +478,7 @@ class AdaroundPass(QuantizationOptimizationPass):
                 "mean_relative_error_nearest": float(np.mean([f["relative_nearest"] for f in layers])) if layers else 0.0,
                 "mean_relative_error_learned": float(np.mean([min(f["relative_learned"], f["relative_nearest"])
                                                               for f in layers])) if layers else 0.0,
-                "skipped": len(skipped), "time_budget_s": self.time_budget_s, "budget_spent": budget_spent,
+                "skipped": len(skipped), "time_budget_s": TimeBudget.of(self.time_budget_s).seconds, "budget_spent": budget_spent,
                 "layer_details": layers, "skipped_ops": skipped}
 
     def _round_layer(self, operation: Operation, stat: _LayerStatistics) -> dict:

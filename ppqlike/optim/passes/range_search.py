@@ -1,0 +1,231 @@
+"""Activation-range search against the readers' outputs, with the quantized inputs they will see.
+
+Calibration chooses each activation range from that tensor alone (min-max,
+KL, or the MSE of the tensor).  What matters is the error the range causes
+where the tensor is used, in the network as it will run: upstream already
+quantized.  This pass walks the graph once in topological order on
+``samples`` calibration samples, computing two paths side by side:
+
+* FP32: every op in float;
+* quantized: every op as the simulation runs it (inputs through their
+  configs, weights baked or fake-quantized, outputs quantized), with the
+  ranges already chosen for the tensors upstream (sequential, as in
+  BRECQ/QDrop's block-by-block reconstruction).
+
+At each op whose output holds its own per-tensor quantization point (an
+ACTIVATED output config, after fusion the Relu/Clip of a Conv), candidate
+ranges ``f * [min, max]`` of the op's quantized-path output (f from ``low``
+to 1, ``candidates`` values) and the calibrated range are scored by
+
+    sum over readers R of  || R(x_q) - R_fp32 ||^2 / || R_fp32 ||^2
+
+where R(x_q) is the reader run in the quantized path with this tensor
+quantized at the candidate (its other inputs as the quantized path holds
+them) and R_fp32 its FP32 output; a tensor without a reader whose inputs are
+all known yet (graph outputs) is scored on itself.  The best range is kept
+(the calibrated one unless another is strictly better), and the walk goes on
+with it.
+
+Skipped: per-channel activations, configs that other configs are SLAVE to
+(Concat/Add alignment shares their scale), and 16-bit grids.  onnxruntime's
+integer kernels are not used in the search (the float kernel on the same
+grid differs in the last bits only).  The pass stops choosing at
+``time_budget`` (a :class:`~ppqlike.optim.base.TimeBudget` shared with the
+other passes of the recipe) and keeps the calibrated ranges of the tensors
+not yet reached.
+
+Reads: ACTIVATED output configs after calibration, alignment and the passive
+pass; the calibration data.  Writes: their scale and offset (state and grid
+unchanged); ``config.detail['range_search']`` (calibrated and chosen error).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ...core import numerics
+from ...core.ir import Graph, Operation
+from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.quant_graph import configured_operations, master_chain
+from ...executor import NumpyExecutor
+from ...executor.simulation import apply_config, apply_output_config
+from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
+
+S = QuantizationStates
+
+
+def _shared_masters(graph: Graph) -> set[int]:
+    """ids of the configs some SLAVE config takes its scale from (their scale is not theirs alone)."""
+    shared = set()
+    for operation in configured_operations(graph):
+        for config in operation.config.all_configs():
+            if config.state is S.SLAVE:
+                shared.update(id(master) for master in master_chain(config))
+    return shared
+
+
+def _searchable(config: TensorQuantizationConfig | None, shared: set[int]) -> bool:
+    return (config is not None and config.state is S.ACTIVATED and config.num_of_bits <= 8
+            and np.size(config.scale) == 1 and id(config) not in shared)
+
+
+def candidate_grids(config: TensorQuantizationConfig, values: np.ndarray, count: int,
+                    low: float) -> list[tuple[float, int]]:
+    """(scale, offset) pairs: the config's own first, then f * [min, max] of ``values`` for f in [low, 1]."""
+    grids = [(float(config.scale), int(config.offset))]
+    minimum, maximum = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+    policy = config.policy
+    for factor in np.linspace(low, 1.0, count):
+        grid = numerics.minmax_to_scale_offset(factor * minimum, factor * maximum, config.quant_min,
+                                               config.quant_max, symmetric=policy.symmetric,
+                                               power_of_2=policy.power_of_2, rounding=config.rounding)
+        if grid not in grids:
+            grids.append(grid)
+    return grids
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """||got - want||^2 / ||want||^2 (the squared error where ``want`` is all zero)."""
+    want64 = np.asarray(want, np.float64)
+    error = float(np.sum((np.asarray(got, np.float64) - want64) ** 2))
+    norm = float(np.sum(want64 ** 2))
+    return error / norm if norm > 0 else error
+
+
+class _Walk:
+    """The FP32 and quantized values of one walk, freed once their last reader has run."""
+
+    def __init__(self, graph: Graph, executor: NumpyExecutor, inputs: dict):
+        self.graph, self.executor = graph, executor
+        self.float_values, self.quantized_values = dict(inputs), dict(inputs)
+        self.readers_left = {name: len(v.consumers) for name, v in graph.variables.items()}
+        self.done: set[str] = set()
+
+    def arguments(self, operation: Operation, values: dict, replace: tuple[str, np.ndarray] | None = None):
+        result = []
+        for variable in operation.inputs:
+            if variable is None:
+                result.append(None)
+            elif replace is not None and variable.name == replace[0]:
+                result.append(replace[1])
+            elif variable.name in values:
+                result.append(values[variable.name])
+            else:
+                result.append(variable.value)
+        return result
+
+    def run_quantized_inputs(self, operation: Operation, replace=None) -> list:
+        """The op's raw (not yet output-quantized) results in the quantized path."""
+        arguments = self.arguments(operation, self.quantized_values, replace)
+        config = operation.config
+        if config is not None:
+            arguments = [apply_config(c, a) for c, a in zip(config.input_quantization_config, arguments)] + \
+                arguments[len(config.input_quantization_config):]
+        return self.executor.run_operation(operation, arguments, quantized=False)
+
+    def finish(self, operation: Operation, float_results: list, quantized_results: list) -> None:
+        for variable, value in zip(operation.outputs, float_results):
+            self.float_values[variable.name] = value
+        for variable, value in zip(operation.outputs, quantized_results):
+            self.quantized_values[variable.name] = value
+        self.done.add(operation.name)
+        for variable in operation.inputs:
+            if variable is not None and variable.name in self.readers_left:
+                self.readers_left[variable.name] -= 1
+                if self.readers_left[variable.name] == 0 and variable not in self.graph.outputs:
+                    self.float_values.pop(variable.name, None)
+                    self.quantized_values.pop(variable.name, None)
+
+
+class ActivationRangeSearchPass(QuantizationOptimizationPass):
+    """Choose each per-tensor activation range by the error it causes at its readers (module docstring).
+
+    ``samples``: calibration samples to walk (taken from the first batches);
+    ``candidates``: ranges tried per tensor besides the calibrated one;
+    ``low``: the smallest fraction of [min, max] tried; ``time_budget``:
+    a TimeBudget, seconds, or None.
+    """
+
+    name = "range_search"
+
+    def __init__(self, samples: int = 32, candidates: int = 15, low: float = 0.3,
+                 time_budget: TimeBudget | float | None = None, verbose: bool = False):
+        if samples < 1 or candidates < 1 or not 0.0 < low <= 1.0:
+            raise ValueError(f"range search needs samples >= 1, candidates >= 1, 0 < low <= 1; "
+                             f"got {samples}, {candidates}, {low}")
+        self.samples, self.candidates, self.low = int(samples), int(candidates), float(low)
+        self.time_budget = TimeBudget.of(time_budget)
+        self.verbose = verbose
+
+    def _inputs(self, executor: NumpyExecutor, dataloader, calib_steps, collate_fn) -> dict:
+        named: dict[str, list] = {}
+        taken = 0
+        for batch in iterate_calibration(dataloader, calib_steps, collate_fn, "range search data", False):
+            for name, value in executor.prepare_inputs(batch).items():
+                named.setdefault(name, []).append(value)
+            taken += len(next(iter(named.values()))[-1])
+            if taken >= self.samples:
+                break
+        return {name: np.concatenate(values)[:self.samples] for name, values in named.items()}
+
+    def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
+                 calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
+        started = time.perf_counter()
+        deadline = self.time_budget.deadline()
+        executor = executor or NumpyExecutor(graph)
+        walk = _Walk(graph, executor, self._inputs(executor, dataloader, calib_steps, collate_fn))
+        shared = _shared_masters(graph)
+        searched, changed, budget_spent = 0, 0, False
+        gains = []
+        order = graph.topological_sort()
+        for operation in tqdm(order, desc="range search", disable=not self.verbose, leave=False):
+            float_results = executor.run_operation(operation, walk.arguments(operation, walk.float_values),
+                                                   quantized=False)
+            raw = walk.run_quantized_inputs(operation)
+            configs = operation.config.output_quantization_config if operation.config is not None else []
+            quantized_results = []
+            for index, value in enumerate(raw):
+                config = configs[index] if index < len(configs) else None
+                if _searchable(config, shared) and not budget_spent:
+                    if time.perf_counter() >= deadline:
+                        budget_spent = True
+                    else:
+                        before, after = self._choose(walk, operation, index, config, value, float_results[index])
+                        searched += 1
+                        changed += int(after < before)
+                        gains.append(after / before if before > 0 else 1.0)
+                quantized_results.append(apply_output_config(config, value))
+            walk.finish(operation, float_results, quantized_results)
+        return {"searched": searched, "changed": changed, "samples": self.samples,
+                "mean_error_ratio": round(float(np.mean(gains)), 4) if gains else 1.0,
+                "budget_spent": budget_spent, "seconds": round(time.perf_counter() - started, 3)}
+
+    def _choose(self, walk: _Walk, operation: Operation, index: int, config: TensorQuantizationConfig,
+                value: np.ndarray, float_value: np.ndarray) -> tuple[float, float]:
+        """Score the candidate grids of ``config`` and keep the best; returns (calibrated, chosen) error."""
+        name = operation.outputs[index].name
+        readers = [r for r in operation.outputs[index].consumers
+                   if r.name not in walk.done and all(v is None or v.name == name or v.value is not None
+                                                      or v.name in walk.float_values for v in r.inputs)]
+        references = [walk.executor.run_operation(r, walk.arguments(r, walk.float_values, (name, float_value)),
+                                                  quantized=False)[0] for r in readers]
+        errors = []
+        grids = candidate_grids(config, value, self.candidates, self.low)
+        for scale, offset in grids:
+            config.set_scale_offset(scale, offset)
+            quantized = config.fake_quantize(value)
+            if readers:
+                error = sum(relative_error(walk.run_quantized_inputs(r, (name, quantized))[0], want)
+                            for r, want in zip(readers, references))
+            else:
+                error = relative_error(quantized, float_value)
+            errors.append(error)
+        best = int(np.argmin(errors)) if min(errors) < errors[0] else 0
+        config.set_scale_offset(*grids[best])
+        config.detail["range_search"] = {"calibrated_error": errors[0], "chosen_error": errors[best],
+                                         "readers": [r.name for r in readers]}
+        return errors[0], errors[best]
