@@ -133,3 +133,12 @@ def test_scales_shared_by_alignment_are_not_searched():
             for c in graph.operations[name].config.output_quantization_config] == [S.SLAVE, S.SLAVE]
     assert "range_search" not in concat_output.detail  # its scale is the Concat inputs' scale too
     assert graph.operations["conv_c"].config.output_quantization_config[0].detail["range_search"]["readers"] == []
+
+
+def test_a_part_of_a_budget_runs_on_the_same_clock():
+    budget = TimeBudget(10.0)
+    part = budget.part(0.6)
+    deadline = part.deadline()  # starts the shared clock
+    assert budget.started is not None and deadline == pytest.approx(budget.started + 6.0)
+    assert budget.deadline() == pytest.approx(budget.started + 10.0)
+    assert TimeBudget(None).part(0.5).deadline() == float("inf")

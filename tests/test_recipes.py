@@ -26,7 +26,8 @@ def test_plain_changes_nothing_and_balanced_fills_only_what_is_left_to_it():
     best, report = apply_recipe(ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best"),
                                 "ORT_INT8")
     assert report["changed"] == {"activation_observer": "mse", "bias_correction": True, "adaround": True,
-                                 "time_budget_s": RECIPES["best"].time_budget_s, "smooth_quant": True}
+                                 "time_budget_s": RECIPES["best"].time_budget_s, "smooth_quant": True,
+                                 "range_search": True}
     budgeted = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best")
     budgeted.time_budget_s = 5
     assert apply_recipe(budgeted, "ORT_INT8")[0].time_budget_s == 5
@@ -69,7 +70,12 @@ def test_best_learns_the_rounding_of_8bit_weights_on_a_real_model():
     graph = ppqlike.quantize_onnx_model(str(PRESETS["squeezenet1.1"].path), [images[:4], images[4:]],
                                         platform="ORT_INT8", setting=setting)
     passes = {p["name"]: p["report"] for p in graph.metadata["quantization"]["passes"]}
-    assert {"adaround", "bias_correction"} <= set(passes) and graph.metadata["quantization"]["recipe"]["recipe"] == "best"
+    assert {"adaround", "range_search", "bias_correction"} <= set(passes)
+    assert graph.metadata["quantization"]["recipe"]["recipe"] == "best"
+    names = [p["name"] for p in graph.metadata["quantization"]["passes"]]
+    assert names.index("adaround") < names.index("calibration") < names.index("range_search") \
+        < names.index("bias_correction")
+    assert passes["range_search"]["searched"] == 11 and not passes["range_search"]["budget_spent"]
     rounding = passes["adaround"]
     assert rounding["layers"] == 26 and rounding["improved"] > 13
     assert rounding["mean_relative_error_learned"] < rounding["mean_relative_error_nearest"]

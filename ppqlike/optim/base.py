@@ -43,11 +43,17 @@ class TimeBudget:
     optional work at that ``time.perf_counter()`` value, keeping what they have done.
     """
 
-    def __init__(self, seconds: float | None = None):
+    def __init__(self, seconds: float | None = None, parent: "TimeBudget | None" = None):
         if seconds is not None and seconds < 0:
             raise PlatformError(f"a time budget must be None or at least 0 seconds, got {seconds}")
         self.seconds = seconds
         self.started: float | None = None
+        self.parent = parent
+
+    def part(self, fraction: float) -> "TimeBudget":
+        """A budget of ``fraction`` of these seconds on the same clock (a pass that must leave time to
+        later ones); the later ones still have until this budget's own deadline."""
+        return TimeBudget(None if self.seconds is None else self.seconds * fraction, parent=self)
 
     @classmethod
     def of(cls, value: "TimeBudget | float | None") -> "TimeBudget":
@@ -58,9 +64,17 @@ class TimeBudget:
         """The perf_counter() value at which the budget is spent (inf without a budget)."""
         if self.seconds is None:
             return float("inf")
+        if self.parent is not None:
+            return self.parent.start() + self.seconds
+        return self.start() + self.seconds
+
+    def start(self) -> float:
+        """When the clock started (now, if nobody asked before)."""
+        if self.parent is not None:
+            return self.parent.start()
         if self.started is None:
             self.started = time.perf_counter()
-        return self.started + self.seconds
+        return self.started
 
     def __repr__(self) -> str:
         return f"TimeBudget({self.seconds})"

@@ -88,12 +88,18 @@ def candidate_grids(config: TensorQuantizationConfig, values: np.ndarray, count:
     return grids
 
 
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    """||got - want||^2 / ||want||^2 (the squared error where ``want`` is all zero)."""
-    want64 = np.asarray(want, np.float64)
-    error = float(np.sum((np.asarray(got, np.float64) - want64) ** 2))
-    norm = float(np.sum(want64 ** 2))
-    return error / norm if norm > 0 else error
+def relative_error(got: np.ndarray, want: np.ndarray, want_energy: float | None = None) -> float:
+    """||got - want||^2 / ||want||^2 (the squared error where ``want`` is all zero); float32 BLAS dot products,
+    enough to rank candidates.  ``want_energy``: ||want||^2 when already known."""
+    error = energy(np.asarray(got, np.float32) - np.asarray(want, np.float32))
+    want_energy = energy(want) if want_energy is None else want_energy
+    return error / want_energy if want_energy > 0 else error
+
+
+def energy(values: np.ndarray) -> float:
+    """||values||^2 as a float32 BLAS dot product."""
+    flat = np.ravel(np.asarray(values, np.float32))
+    return float(np.dot(flat, flat))
 
 
 class _Walk:
@@ -152,7 +158,7 @@ class ActivationRangeSearchPass(QuantizationOptimizationPass):
 
     name = "range_search"
 
-    def __init__(self, samples: int = 32, candidates: int = 15, low: float = 0.3,
+    def __init__(self, samples: int = 32, candidates: int = 12, low: float = 0.3,
                  time_budget: TimeBudget | float | None = None, verbose: bool = False):
         if samples < 1 or candidates < 1 or not 0.0 < low <= 1.0:
             raise ValueError(f"range search needs samples >= 1, candidates >= 1, 0 < low <= 1; "
@@ -213,14 +219,15 @@ class ActivationRangeSearchPass(QuantizationOptimizationPass):
                                                       or v.name in walk.float_values for v in r.inputs)]
         references = [walk.executor.run_operation(r, walk.arguments(r, walk.float_values, (name, float_value)),
                                                   quantized=False)[0] for r in readers]
+        energies = [energy(reference) for reference in references]
         errors = []
         grids = candidate_grids(config, value, self.candidates, self.low)
         for scale, offset in grids:
             config.set_scale_offset(scale, offset)
             quantized = config.fake_quantize(value)
             if readers:
-                error = sum(relative_error(walk.run_quantized_inputs(r, (name, quantized))[0], want)
-                            for r, want in zip(readers, references))
+                error = sum(relative_error(walk.run_quantized_inputs(r, (name, quantized))[0], want, energy)
+                            for r, want, energy in zip(readers, references, energies))
             else:
                 error = relative_error(quantized, float_value)
             errors.append(error)
