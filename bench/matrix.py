@@ -38,6 +38,8 @@ PPQ_ACCURACY_ROWS = (
     ("ACADEMIC_W4A8", "default", ("adaround",)),
     ("TPU_INT8", "search", ()),
     ("TPU_INT8", "default", ("mixed_precision",)),
+    ("ORT_INT8", "default", ("mixed_precision",)),   # the accuracy target moves layers to int16 here
+    ("TRT_INT8", "default", ("mixed_precision",)),
     # recipes (issue 13): 'recipe:<name>' sets setting.recipe on the platform's preset ('default' rows run the
     # default recipe, balanced)
     ("ORT_INT8", "recipe:plain", ()),
