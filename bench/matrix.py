@@ -249,7 +249,7 @@ def _quantize_ppqlike(spec: dict) -> dict:
     meta = graph.metadata["quantization"]
     fp32_ops = meta.get("mixed_precision_fp32_ops")
     target_ops = sum(op.platform.name not in ("FP32", "SOI") for op in graph.operations.values())
-    return {"fp32_ops": fp32_ops, "target_ops": target_ops,
+    return {"fp32_ops": fp32_ops, "int16_ops": meta.get("mixed_precision_int16_ops"), "target_ops": target_ops,
             "quantize_seconds": quantized - started, "export_seconds": exported - quantized,
             "decode_seconds": batches.seconds, "calibration_images": batches.images,
             "passes": {p["name"]: p["seconds"] for p in meta["passes"]},
