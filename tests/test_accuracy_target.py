@@ -45,7 +45,9 @@ def test_the_sensitive_layer_moves_to_int16_with_its_weights_and_its_grid():
     assert conv2.platform.name == "DSP_INT8"  # stays on the platform, unlike an FP32 move
     weight, bias = conv2.config.input_quantization_config[1:3]
     assert (weight.num_of_bits, weight.quant_min, weight.quant_max, weight.state) == (16, 0, 65535, S.BAKED)
-    assert bias.state is S.FP32  # an int32 bias at input scale x 16-bit weight scale would overflow
+    # int32 on its own scale: input scale x 16-bit weight scale would overflow (and a float bias onnxruntime
+    # quantizes itself at that scale)
+    assert bias.state is S.BAKED and bias.num_of_bits == 32 and not bias.masters
     output = relu2.config.output_quantization_config[0]
     assert (output.num_of_bits, output.quant_min, output.quant_max, output.state) == (16, 0, 65535, S.ACTIVATED)
     reader = conv3.config.input_quantization_config[0]
@@ -125,3 +127,25 @@ def test_a_target_already_met_costs_one_measurement():
     report = _mixed_precision_report(graph)
     assert report["reached"] and report["measurements"] == 1 and report["most_sensitive"] == []
     assert report["moved"] == {"FP32": [], "INT16": []}
+
+
+def test_a_first_layer_at_int16_runs_in_onnxruntime_with_every_optimization(tmp_path):
+    """onnxruntime quantizes a float bias next to 16-bit Q/DQ at input x weight scale (overflowing int32) when
+    it optimizes; the bias of a 16-bit layer is therefore written as int32 on a scale of its own."""
+    from ppqlike.optim.passes import ParameterBakingPass
+    from ppqlike.optim.passes.precision_moves import find_units, move_to_wider_grid
+    from test_accuracy_passes import prepared, run_passes
+    batches = data(2)
+    graph, policy = prepared(chain_model(), "ORT_INT8")
+    run_passes(graph, policy, batches, stop_before="baking")
+    first = find_units(graph)[0]
+    assert first[0].inputs[0].name == "x"  # reads the graph input
+    observed = {"x": (float(min(b.min() for b in batches)), float(max(b.max() for b in batches)))}
+    move_to_wider_grid(graph, first, 16, observed)
+    ParameterBakingPass().optimize(graph)
+    path = tmp_path / "first16.onnx"
+    ppqlike.export_ppq_graph(graph, "ORT_INT8", str(path))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # all optimizations
+    got = session.run(None, {"x": batches[0]})[0]
+    want = ppqlike.NumpyExecutor(graph).forward(batches[0])[0]
+    assert output_cosine([got], [want]) > 0.999

@@ -33,9 +33,13 @@ platform runs it: onnxruntime through int16 QDQ, TIDL and DSPs natively):
   (one tensor, one Q/DQ pair);
 * each weight of the unit is quantized again at ``bits`` bits, min-max per
   channel or per tensor as the platform's policy says;
-* each bias of the unit stays float (FP32): its int32 scale, input scale
-  times weight scale, is about 2^16 times finer on a 16-bit layer and would
-  overflow int32; the runtime adds it in float or requantizes it itself.
+* each bias of the unit is int32 on a scale of its own (min-max, per
+  channel where the weights are): the usual scale, input scale times
+  weight scale, is about 2^16 times finer on a 16-bit layer and overflows
+  int32.  It is not left float either: onnxruntime's optimizer then
+  quantizes a float bias at input x weight scale itself, overflows, and
+  the deployed layer computes garbage (found on MobileNetV2's first layer);
+  Clip bounds and Pad values of the unit become FP32.
 
 The ops keep their platform.  Reads and writes only the unit's configs (and
 for FP32 the configs that read them); :func:`snapshot` / :func:`restore`
@@ -181,19 +185,21 @@ def move_to_wider_grid(graph: Graph, unit: list[Operation], bits: int, observed:
 
     ``observed``: tensor name -> (min, max) of its FP32 values on the measured batches.
     """
-    widened = {"activations": 0, "weights": 0, "float_biases": 0}
+    widened = {"activations": 0, "weights": 0, "own_scale_biases": 0}
     for operation in unit:
         for side, index, config in operation.config.iter_configs():
             variable = (operation.inputs if side == "input" else operation.outputs)[index]
             if variable is None or config.state in (S.FP32, S.SOI, S.DEACTIVATED):
                 continue
             parameter = side == "input" and variable.is_parameter
-            if parameter and config.observer_algorithm == "passive":
-                if config.state is S.PASSIVE_BAKED:
-                    config.reset()
-                    config.baked_value = None
+            if parameter and config.observer_algorithm == "passive" and config.num_of_bits == 32:
+                config.reset()  # a bias: int32 on a scale of its own, not S_input * S_weight
+                config.baked_value = None
+                _requantize_minmax(config, 32, np.asarray(variable.value))
+                widened["own_scale_biases"] += 1
+            elif parameter and config.observer_algorithm == "passive":  # Clip bounds, Pad values
+                config.reset()
                 config.state = S.FP32
-                widened["float_biases"] += 1
             elif parameter:
                 config.reset()
                 config.baked_value = None
