@@ -50,6 +50,15 @@ PPQ_ACCURACY_ROWS = (
     ("TPU_INT8", "recipe:best", ()),
 )
 MIXED_PRECISION_COSINE = 0.99
+# the rows a plain ``python bench/run.py`` runs (issue 13's matrix, under 30 minutes on a 2-core machine): each
+# recipe of ORT_INT8, TRT_INT8 and TPU_INT8, the accuracy target on ORT_INT8 (16-bit moves) and TRT_INT8 (FP32
+# moves), onnxruntime's quantize_static per-channel with each calibration method and MinMax per-tensor;
+# ``--configs all`` runs every row of the matrix
+DEFAULT_CONFIGS = ",".join((
+    *(f"ppqlike:{platform}:{recipe}" for platform in ("ORT_INT8", "TRT_INT8", "TPU_INT8")
+      for recipe in ("recipe:plain", "default", "recipe:best")),
+    "ppqlike:ORT_INT8:default+mixed_precision", "ppqlike:TRT_INT8:default+mixed_precision",
+    "ort:*:per_channel", "ort:MinMax:per_tensor"))
 # the setting fields each accuracy pass name turns on
 ACCURACY_PASSES = {
     "equalization": {"equalization": True},
@@ -124,8 +133,11 @@ def all_configs(tools=("ppqlike", "ort")) -> list[Config]:
 
 
 def select(configs: list[Config], patterns: str | None) -> list[Config]:
-    """The configs whose key matches one of the comma-separated glob ``patterns`` (case-insensitive)."""
-    if not patterns:
+    """The configs whose key matches one of the comma-separated glob ``patterns`` (case-insensitive);
+    None: ``DEFAULT_CONFIGS``; ``all``: every config."""
+    if patterns is None:
+        patterns = DEFAULT_CONFIGS
+    if patterns.strip().lower() == "all":
         return configs
     wanted = [p.strip().lower() for p in patterns.split(",") if p.strip()]
     chosen = [c for c in configs if any(fnmatch.fnmatchcase(c.key.lower(), p) for p in wanted)]

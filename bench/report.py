@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import recipe_report
+
 REPO = Path(__file__).resolve().parent.parent
+# docs/BENCHMARKS.md keeps everything from this line on when bench/run.py rewrites the file
+KEPT_MARKER = "<!-- Sections below are written by the other bench/ scripts; bench/run.py keeps them. -->"
 
 # the goals (read against the table; not timed tests)
 AGREEMENT_PER_CHANNEL = 0.99
@@ -421,6 +425,8 @@ def render(results: dict, partial: bool = False) -> str:
              "simulation "
              "and deployment agree on every top-1. Each summary names the row closest to FP32 (agreement, then "
              "SNR) and the goals ppqlike misses, by how much.", ""]
+    if recipe_report.has_recipe_rows(results):
+        lines += recipe_report.recipe_section(results)
     for model in results["models"]:
         lines += model_table(model)
     lines += ["## Summary", ""] + [f"- {summary_line(m)}" for m in results["models"]] + [""]
@@ -428,8 +434,15 @@ def render(results: dict, partial: bool = False) -> str:
 
 
 def write(results: dict, path, partial: bool = False) -> None:
+    """Write the report to ``path`` whole (through a temporary file); what the existing file holds from
+    ``KEPT_MARKER`` on (sections written by the other benchmark scripts) is kept after it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    kept = ""
+    if path.exists():
+        existing = path.read_text()
+        if KEPT_MARKER in existing:
+            kept = "\n" + existing[existing.index(KEPT_MARKER):]
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(render(results, partial))
+    temporary.write_text(render(results, partial) + kept)
     os.replace(temporary, path)

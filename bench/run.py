@@ -1,6 +1,7 @@
 """The benchmark matrix: ppqlike and onnxruntime's quantizer on the three shared models.
 
-    python bench/run.py                                   # everything, writes docs/BENCHMARKS.md
+    python bench/run.py                                   # the recipe rows beside onnxruntime (< 30 min)
+    python bench/run.py --configs all                     # every row of the matrix (hours)
     python bench/run.py --models efficientnet_lite0 --calib-images 32 --dev-images 64 --out /tmp/b.md
     python bench/run.py --tools ppqlike --configs 'ppqlike:*:kl'
 
@@ -37,8 +38,9 @@ def parse_args(argv=None):
     parser.add_argument("--tools", default="ppqlike,ort", help="comma-separated: ppqlike, ort")
     parser.add_argument("--configs", default=None,
                         help="comma-separated globs over the configuration keys, e.g. 'ppqlike:*:kl,ort:MinMax:*' "
-                             "(keys: ppqlike:<PLATFORM>:<default|kl|observer>, "
-                             "ort:<MinMax|Entropy|Percentile>:<per_tensor|per_channel>)")
+                             "(keys: ppqlike:<PLATFORM>:<default|kl|observer|recipe:NAME>[+PASS...], "
+                             "ort:<MinMax|Entropy|Percentile>:<per_tensor|per_channel>); 'all' for every row; "
+                             "default: the recipe rows beside onnxruntime (matrix.DEFAULT_CONFIGS)")
     parser.add_argument("--calib-images", type=int, default=200, help="calibration images (of 200)")
     parser.add_argument("--dev-images", type=int, default=300, help="evaluation images (of 300)")
     parser.add_argument("--sim-images", type=int, default=100,

@@ -433,6 +433,28 @@ def test_adaround_stops_at_its_time_budget_with_a_valid_graph():
     assert not np.array_equal(outputs[None], outputs[0.0])
 
 
+def test_adaround_stops_inside_a_layer_at_the_deadline_and_keeps_a_rounding_no_worse_than_nearest():
+    from ppqlike.optim.passes.adaround import learn_rounding
+    from ppqlike.optim.passes.adaround_rows import LayerStatistics, RowHook
+    batches = smooth_data(4)
+    graph, policy = prepared(chain_model("relu"), "ACADEMIC_W4A8",
+                             QuantizationSettingFactory.for_platform("ACADEMIC_W4A8"))
+    executor, _ = run_passes(graph, policy, batches)
+    conv1 = graph.operations["conv1"]
+    config = conv1.config.input_quantization_config[1]
+    stat = LayerStatistics(conv1)
+    hook = RowHook({"conv1": stat}, 128, seed=0)
+    for batch in batches:
+        executor.forward(batch, hooks=[hook])
+    stat.finish()
+    nearest = config.fake_quantize(conv1.inputs[1].value).reshape(stat.weight.shape)
+    stopped, facts = learn_rounding(stat, conv1, config, steps=300, deadline=0.0)   # long past
+    assert facts["steps_done"] == 0 and facts["learned_loss"] == pytest.approx(facts["nearest_loss"], rel=1e-6)
+    np.testing.assert_allclose(stopped, nearest, rtol=0, atol=1e-6)
+    _, finished = learn_rounding(stat, conv1, config, steps=300)
+    assert finished["steps_done"] == 300 and finished["learned_loss"] < finished["nearest_loss"]
+
+
 # --------------------------------------------------------- threshold search
 def test_threshold_search_picks_the_candidate_with_the_smallest_reader_error():
     graph, policy = prepared(chain_model("relu"), "TPU_INT8", QuantizationSetting(activation_observer="search"))

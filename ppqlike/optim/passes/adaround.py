@@ -74,8 +74,13 @@ rounded as learned and state BAKED (the baking pass then leaves it alone).
 ``config.detail['adaround']`` records the layer's errors.  The FP32 weight
 in ``Variable.value`` is kept.
 
-Use: 4-bit weights (``ACADEMIC_W4A8``), where rounding matters most; it
-also helps per-tensor 8-bit weights (``DSP_INT8``).
+Time budget: checked between batches of the row capture, between layers and
+every 16 iterations inside a layer; a layer stopped early is judged like a
+finished one (its hard rounding kept only if better than nearest), the layers
+not reached keep nearest rounding.  The rows live in ``adaround_rows.py``.
+
+Use: 4-bit weights (``ACADEMIC_W4A8``), where rounding matters most; 8-bit
+weights in the ``best`` recipe.
 """
 
 from __future__ import annotations
@@ -91,52 +96,13 @@ from ...core import numerics
 from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.quant_graph import configured_operations, input_config
-from ...executor import NumpyExecutor, OperationHook
+from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
+from .adaround_rows import LayerStatistics, RowHook, as_groups, broadcast, conv_geometry, from_groups
 
 S = QuantizationStates
 ZETA, GAMMA = 1.1, -0.1
-
-
-# ------------------------------------------------------------------ layouts
-def _as_groups(operation: Operation, array: np.ndarray) -> np.ndarray:
-    """A weight-shaped array as [groups, out/g, K] (the row layout of im2col)."""
-    if operation.type == "Gemm":
-        matrix = array if operation.attributes.get("transB", 0) else array.T        # [out, K]
-        return matrix[None]
-    group = int(operation.attributes.get("group", 1))
-    return array.reshape(group, array.shape[0] // group, -1)
-
-
-def _from_groups(operation: Operation, grouped: np.ndarray, shape: tuple) -> np.ndarray:
-    if operation.type == "Gemm":
-        matrix = grouped[0]
-        return matrix if operation.attributes.get("transB", 0) else matrix.T
-    return grouped.reshape(shape)
-
-
-def _broadcast(config: TensorQuantizationConfig, values: np.ndarray, shape: tuple) -> np.ndarray:
-    """A per-tensor or per-channel config parameter broadcast to the weight's shape (float64)."""
-    values = np.asarray(values, dtype=np.float64)
-    if values.ndim == 0:
-        return np.full(shape, float(values))
-    axis = config.channel_axis % len(shape)
-    view = [1] * len(shape)
-    view[axis] = -1
-    return np.broadcast_to(values.reshape(view), shape).copy()
-
-
-def _conv_geometry(operation: Operation, weight: np.ndarray):
-    attributes = operation.attributes
-    auto_pad = attributes.get("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if weight.ndim != 4 or auto_pad not in ("NOTSET", "VALID"):
-        return None
-    pads = [int(v) for v in attributes.get("pads", [0, 0, 0, 0])] if auto_pad == "NOTSET" else [0, 0, 0, 0]
-    strides = [int(v) for v in attributes.get("strides", [1, 1])]
-    dilations = [int(v) for v in attributes.get("dilations", [1, 1])]
-    return pads, strides, dilations
 
 
 def _supported(operation: Operation, graph: Graph) -> str | None:
@@ -151,148 +117,32 @@ def _supported(operation: Operation, graph: Graph) -> str | None:
         return f"weight config is {None if config is None else config.state.name}, not ACTIVATED"
     if operation.type == "Gemm" and operation.attributes.get("transA", 0):
         return "Gemm with transA"
-    if operation.type == "Conv" and _conv_geometry(operation, weight.value) is None:
+    if operation.type == "Conv" and conv_geometry(operation, weight.value) is None:
         return "only 2-D convolutions with explicit pads"
     return None
 
 
-# ------------------------------------------------------------- statistics
-class _LayerStatistics:
-    """The rows (while fewer than K) or the Gram matrix X^T X of one layer's input; memory bounded by K^2.
-
-    The target is W x_q, so the error of a weight W~ is ||(W~ - W) x_q||^2 = tr(D G D^T), D = W~ - W.
-    """
-
-    def __init__(self, operation: Operation):
-        self.operation = operation
-        self.weight = _as_groups(operation, operation.inputs[1].value.astype(np.float64))   # [G, O, K]
-        self.groups, self.out, self.k = self.weight.shape
-        self.rows = 0
-        self.x_rows: list[np.ndarray] = []        # [G, r, K] chunks (row form)
-        self.gram = None                          # [G, K, K]
-
-    def add(self, x: np.ndarray) -> None:
-        self.rows += x.shape[1]
-        if self.gram is None:
-            self.x_rows.append(x)
-            if self.rows > self.k:
-                self._to_gram()
-        else:
-            self.gram += np.matmul(x.transpose(0, 2, 1), x)
-
-    def _to_gram(self) -> None:
-        x = np.concatenate(self.x_rows, axis=1)
-        self.gram = np.matmul(x.transpose(0, 2, 1), x)
-        self.x_rows = []
-
-    def _x(self) -> np.ndarray:
-        x = np.concatenate(self.x_rows, axis=1)
-        self.x_rows = [x]
-        return x
-
-    def finish(self) -> None:
-        """Use the Gram form when it is the cheaper one for the optimization."""
-        if self.gram is None and self.rows and 2 * self.rows > self.k:
-            self._to_gram()
-
-    @property
-    def nbytes(self) -> int:
-        arrays = [self.gram, *self.x_rows]
-        return int(sum(a.nbytes for a in arrays if a is not None))
-
-    @property
-    def energy(self) -> float:
-        """||W x_q||^2 summed over the rows (the size of the output the error is compared with)."""
-        return float(self.channel_errors(np.zeros_like(self.weight)).sum())
-
-    def channel_errors(self, approx: np.ndarray) -> np.ndarray:
-        """||(approx - W) x_q||^2 per output channel, [G, O]."""
-        delta = approx - self.weight
-        if self.gram is not None:
-            return np.sum(np.matmul(delta, self.gram) * delta, axis=2)
-        error = np.matmul(self._x(), delta.transpose(0, 2, 1))                    # [G, r, O]
-        return np.sum(error * error, axis=1)
-
-    def loss_and_gradient(self, approx: np.ndarray, gradient: bool = True):
-        """(reconstruction loss per row, d loss / d approx) for a weight ``approx`` [G, O, K]."""
-        delta = approx - self.weight
-        if self.gram is not None:
-            dg = np.matmul(delta, self.gram)                                      # [G, O, K]
-            loss = float(np.sum(dg * delta)) / self.rows
-            return max(loss, 0.0), (2.0 * dg / self.rows if gradient else None)
-        x = self._x()
-        error = np.matmul(x, delta.transpose(0, 2, 1))                            # [G, r, O]
-        loss = float(np.sum(error * error)) / self.rows
-        return loss, (2.0 * np.matmul(error.transpose(0, 2, 1), x) / self.rows if gradient else None)
-
-
-class _RowHook(OperationHook):
-    """Samples ``per_batch`` output positions of each watched layer and adds the input rows they read."""
-
-    def __init__(self, stats: dict[str, _LayerStatistics], per_batch: int, seed: int):
-        self.stats, self.per_batch = stats, per_batch
-        self.rng = np.random.default_rng(seed)
-
-    def before_operation(self, operation: Operation, inputs: list):
-        stat = self.stats.get(operation.name)
-        if stat is not None:
-            x = np.asarray(inputs[0])
-            stat.add(self._rows(operation, x, self._sample(operation, x)))
-        return None
-
-    def _sample(self, operation: Operation, x: np.ndarray):
-        if operation.type == "Gemm":
-            count = x.shape[0]
-            return np.sort(self.rng.choice(count, size=min(count, self.per_batch), replace=False))
-        pads, strides, dilations = _conv_geometry(operation, operation.inputs[1].value)
-        kh, kw = operation.inputs[1].value.shape[2:]
-        out_h = (x.shape[2] + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
-        out_w = (x.shape[3] + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
-        total = x.shape[0] * out_h * out_w
-        flat = self.rng.choice(total, size=min(total, self.per_batch), replace=False)
-        n, rest = np.divmod(flat, out_h * out_w)
-        return n, rest // out_w, rest % out_w
-
-    @staticmethod
-    def _rows(operation: Operation, x: np.ndarray, indices) -> np.ndarray:
-        """The sampled rows as [G, r, K] float64."""
-        if operation.type == "Gemm":
-            return x[indices].astype(np.float64)[None]
-        weight = operation.inputs[1].value
-        group = int(operation.attributes.get("group", 1))
-        kh, kw = weight.shape[2:]
-        pads, strides, dilations = _conv_geometry(operation, weight)
-        n, oh, ow = indices
-        padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-        rows_h = oh[:, None] * strides[0] + np.arange(kh)[None] * dilations[0]        # [r, kh]
-        rows_w = ow[:, None] * strides[1] + np.arange(kw)[None] * dilations[1]        # [r, kw]
-        patches = padded[n[:, None, None], :, rows_h[:, :, None], rows_w[:, None, :]]  # [r, kh, kw, C]
-        patches = patches.transpose(0, 3, 1, 2).astype(np.float64)                     # [r, C, kh, kw]
-        count, channels = patches.shape[:2]
-        grouped = patches.reshape(count, group, channels // group * kh * kw)
-        return grouped.transpose(1, 0, 2)                                              # [G, r, K]
-
-
 # ---------------------------------------------------------------- rounding
 class _Rounder:
-    """The soft-rounding problem of one layer: V, h(V), the quantized weight and their gradients."""
+    """The soft-rounding problem of one layer: V, h(V), the quantized weight and their gradients (float32: the
+    steps' arithmetic; the grid values floor, offset and the config's float32 scale are exact in it)."""
 
     def __init__(self, operation: Operation, config: TensorQuantizationConfig):
         weight = operation.inputs[1].value.astype(np.float64)
         self.shape = weight.shape
-        scale = _broadcast(config, config.scale, weight.shape)
-        offset = _broadcast(config, config.offset, weight.shape)
-        self.scale = _as_groups(operation, scale)
-        self.offset = _as_groups(operation, offset)
-        grouped = _as_groups(operation, weight)
-        self.floor = np.floor(grouped / self.scale)
-        rest = grouped / self.scale - self.floor
+        scale = broadcast(config, config.scale, weight.shape)
+        offset = broadcast(config, config.offset, weight.shape)
+        scale, offset = as_groups(operation, scale), as_groups(operation, offset)
+        grouped = as_groups(operation, weight)
+        floor = np.floor(grouped / scale)
+        rest = grouped / scale - floor
         p = np.clip((rest - GAMMA) / (ZETA - GAMMA), 1e-6, 1 - 1e-6)
-        self.v = np.log(p / (1 - p))
+        self.v = np.log(p / (1 - p)).astype(np.float32)
+        self.scale, self.offset, self.floor = (a.astype(np.float32) for a in (scale, offset, floor))
         self.qmin, self.qmax = config.quant_min, config.quant_max
 
     def soft(self):
-        sig = 1.0 / (1.0 + np.exp(-self.v))
+        sig = np.float32(1.0) / (np.float32(1.0) + np.exp(-self.v))
         raw = sig * (ZETA - GAMMA) + GAMMA
         return np.clip(raw, 0.0, 1.0), raw, sig
 
@@ -302,14 +152,14 @@ class _Rounder:
         return self.scale * (clamped - self.offset), (q >= self.qmin) & (q <= self.qmax)
 
     def hard(self) -> np.ndarray:
-        return (self.v >= 0).astype(np.float64)
+        return (self.v >= 0).astype(np.float32)
 
 
 def _nearest(operation: Operation, config: TensorQuantizationConfig) -> np.ndarray:
-    return _as_groups(operation, config.fake_quantize(operation.inputs[1].value).astype(np.float64))
+    return as_groups(operation, config.fake_quantize(operation.inputs[1].value).astype(np.float64))
 
 
-def search_weight_scale(stat: _LayerStatistics, operation: Operation, config: TensorQuantizationConfig,
+def search_weight_scale(stat: LayerStatistics, operation: Operation, config: TensorQuantizationConfig,
                         ratios: Sequence[float] = tuple(np.linspace(0.3, 1.0, 36))) -> dict:
     """Clip the weight range by the ratio (per channel when the config is) that reconstructs the layer best.
 
@@ -335,7 +185,7 @@ def search_weight_scale(stat: _LayerStatistics, operation: Operation, config: Te
         axis_view = config.channel_axis if per_channel else None
         approx = numerics.fake_quantize(weight.astype(np.float32), scale, offset, config.quant_min,
                                         config.quant_max, config.rounding, channel_axis=axis_view)
-        score = stat.channel_errors(_as_groups(operation, approx.astype(np.float64))).reshape(-1)
+        score = stat.channel_errors(as_groups(operation, approx.astype(np.float64))).reshape(-1)
         candidates.append((scale, offset))
         scores.append(score)
     scores = np.array(scores)                                               # [ratios, channels]
@@ -358,10 +208,11 @@ def search_weight_scale(stat: _LayerStatistics, operation: Operation, config: Te
     return {"clip_ratio": ratio, "scale_changed": bool(after < before)}
 
 
-def learn_rounding(stat: _LayerStatistics, operation: Operation, config: TensorQuantizationConfig,
+def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQuantizationConfig,
                    steps: int = 500, lr: float = 3e-2, lam: float = 0.1, warmup: float = 0.2,
-                   beta: tuple = (20.0, 2.0)) -> tuple[np.ndarray, dict]:
-    """Optimize the rounding of one layer; returns (weight as [G, O, K], facts)."""
+                   beta: tuple = (20.0, 2.0), deadline: float = float("inf")) -> tuple[np.ndarray, dict]:
+    """Optimize the rounding of one layer; returns (weight as [G, O, K], facts).  At ``deadline`` (a
+    ``time.perf_counter()`` value) the iterations stop and the rounding reached so far is judged as at the end."""
     rounder = _Rounder(operation, config)
     nearest = _nearest(operation, config)
     nearest_loss = stat.loss_and_gradient(nearest, gradient=False)[0]
@@ -371,10 +222,14 @@ def learn_rounding(stat: _LayerStatistics, operation: Operation, config: TensorQ
     v2 = np.zeros_like(rounder.v)
     b1, b2, eps = 0.9, 0.999, 1e-8
     start = int(warmup * steps)
+    done = steps
     for t in range(steps):
+        if t % 16 == 0 and time.perf_counter() >= deadline:
+            done = t
+            break
         h, raw, sig = rounder.soft()
         approx, inside = rounder.weight(h)
-        _, grad_w = stat.loss_and_gradient(approx)
+        grad_w = stat.gradient(approx)
         grad_h = grad_w * norm * rounder.scale * inside
         if t >= start:
             progress = (t - start) / max(1, steps - start)
@@ -393,7 +248,7 @@ def learn_rounding(stat: _LayerStatistics, operation: Operation, config: TensorQ
              "relative_nearest": nearest_loss * stat.rows / energy,
              "relative_learned": learned_loss * stat.rows / energy,
              "changed": float(np.mean(learned != nearest)),
-             "undecided": float(np.mean((h > 0.01) & (h < 0.99))), "rows": stat.rows}
+             "undecided": float(np.mean((h > 0.01) & (h < 0.99))), "rows": stat.rows, "steps_done": done}
     return learned, facts
 
 
@@ -437,7 +292,7 @@ class AdaroundPass(QuantizationOptimizationPass):
                 continue
             reason = _supported(operation, graph)
             if reason is None:
-                stats[operation.name] = _LayerStatistics(operation)
+                stats[operation.name] = LayerStatistics(operation)
             else:
                 skipped.append({"op": operation.name, "reason": reason})
         if not stats:
@@ -449,7 +304,7 @@ class AdaroundPass(QuantizationOptimizationPass):
                 known = len(dataloader)  # type: ignore[arg-type]
             except TypeError:
                 known = 8
-        hook = _RowHook(stats, max(1, math.ceil(self.samples / max(1, known))), self.seed)
+        hook = RowHook(stats, max(1, math.ceil(self.samples / max(1, known))), self.seed)
         batches = 0
         for batch in iterate_calibration(dataloader, batches_wanted, collate_fn, "adaround rows", self.verbose):
             if self.inputs == "float":
@@ -470,7 +325,7 @@ class AdaroundPass(QuantizationOptimizationPass):
             elif budget_spent or (budget_spent := time.perf_counter() >= deadline):
                 skipped.append({"op": name, "reason": f"time budget of {self.time_budget_s} s spent"})
             else:
-                layers.append(self._round_layer(graph.operations[name], stat))
+                layers.append(self._round_layer(graph.operations[name], stat, deadline))
         improved = [f for f in layers if f["kept_learned"]]
         return {"layers": len(layers), "improved": len(improved), "batches": batches, "steps": self.steps,
                 "samples": self.samples, "scale_search": self.scale_search, "inputs": self.inputs,
@@ -481,15 +336,16 @@ class AdaroundPass(QuantizationOptimizationPass):
                 "skipped": len(skipped), "time_budget_s": TimeBudget.of(self.time_budget_s).seconds, "budget_spent": budget_spent,
                 "layer_details": layers, "skipped_ops": skipped}
 
-    def _round_layer(self, operation: Operation, stat: _LayerStatistics) -> dict:
+    def _round_layer(self, operation: Operation, stat: LayerStatistics, deadline: float = float("inf")) -> dict:
         config = input_config(operation, 1)
         stat.finish()
         begin = time.perf_counter()
         searched = search_weight_scale(stat, operation, config) if self.scale_search else {}
-        learned, facts = learn_rounding(stat, operation, config, self.steps, self.lr, self.lam, self.warmup)
+        learned, facts = learn_rounding(stat, operation, config, self.steps, self.lr, self.lam, self.warmup,
+                                        deadline=deadline)
         kept = facts["learned_loss"] <= facts["nearest_loss"]
         weight = learned if kept else _nearest(operation, config)
-        value = _from_groups(operation, weight, operation.inputs[1].value.shape)
+        value = from_groups(operation, weight, operation.inputs[1].value.shape)
         config.baked_value = value.astype(np.float32)
         config.state = S.BAKED
         facts.update(searched)

@@ -1,0 +1,179 @@
+"""The rows AdaRound reconstructs from: each Conv/Gemm's input rows at sampled output positions, kept as rows
+or as their Gram matrix X^T X (memory bounded by K^2), and the weight layouts shared with the rounding
+(``adaround.py``).  Weights are handled as [groups, out/group, K], the row layout of im2col."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...core.ir import Operation
+from ...core.quant import TensorQuantizationConfig
+from ...executor import OperationHook
+
+
+# ------------------------------------------------------------------ layouts
+def as_groups(operation: Operation, array: np.ndarray) -> np.ndarray:
+    """A weight-shaped array as [groups, out/g, K] (the row layout of im2col)."""
+    if operation.type == "Gemm":
+        matrix = array if operation.attributes.get("transB", 0) else array.T        # [out, K]
+        return matrix[None]
+    group = int(operation.attributes.get("group", 1))
+    return array.reshape(group, array.shape[0] // group, -1)
+
+
+def from_groups(operation: Operation, grouped: np.ndarray, shape: tuple) -> np.ndarray:
+    if operation.type == "Gemm":
+        matrix = grouped[0]
+        return matrix if operation.attributes.get("transB", 0) else matrix.T
+    return grouped.reshape(shape)
+
+
+def broadcast(config: TensorQuantizationConfig, values: np.ndarray, shape: tuple) -> np.ndarray:
+    """A per-tensor or per-channel config parameter broadcast to the weight's shape (float64)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 0:
+        return np.full(shape, float(values))
+    axis = config.channel_axis % len(shape)
+    view = [1] * len(shape)
+    view[axis] = -1
+    return np.broadcast_to(values.reshape(view), shape).copy()
+
+
+def conv_geometry(operation: Operation, weight: np.ndarray):
+    attributes = operation.attributes
+    auto_pad = attributes.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if weight.ndim != 4 or auto_pad not in ("NOTSET", "VALID"):
+        return None
+    pads = [int(v) for v in attributes.get("pads", [0, 0, 0, 0])] if auto_pad == "NOTSET" else [0, 0, 0, 0]
+    strides = [int(v) for v in attributes.get("strides", [1, 1])]
+    dilations = [int(v) for v in attributes.get("dilations", [1, 1])]
+    return pads, strides, dilations
+
+
+# ------------------------------------------------------------- statistics
+class LayerStatistics:
+    """The rows (while fewer than K) or the Gram matrix X^T X of one layer's input; memory bounded by K^2.
+
+    The target is W x_q, so the error of a weight W~ is ||(W~ - W) x_q||^2 = tr(D G D^T), D = W~ - W.
+    """
+
+    def __init__(self, operation: Operation):
+        self.operation = operation
+        self.weight = as_groups(operation, operation.inputs[1].value.astype(np.float64))   # [G, O, K]
+        self.groups, self.out, self.k = self.weight.shape
+        self.rows = 0
+        self.x_rows: list[np.ndarray] = []        # [G, r, K] chunks (row form)
+        self.gram = None                          # [G, K, K]
+        self._single = None                       # gram or rows in float32, for the gradient steps
+
+    def add(self, x: np.ndarray) -> None:
+        self.rows += x.shape[1]
+        if self.gram is None:
+            self.x_rows.append(x)
+            if self.rows > self.k:
+                self._to_gram()
+        else:
+            self.gram += np.matmul(x.transpose(0, 2, 1), x)
+
+    def _to_gram(self) -> None:
+        x = np.concatenate(self.x_rows, axis=1)
+        self.gram = np.matmul(x.transpose(0, 2, 1), x)
+        self.x_rows = []
+
+    def _x(self) -> np.ndarray:
+        x = np.concatenate(self.x_rows, axis=1)
+        self.x_rows = [x]
+        return x
+
+    def finish(self) -> None:
+        """Use the Gram form when it is the cheaper one for the optimization."""
+        if self.gram is None and self.rows and 2 * self.rows > self.k:
+            self._to_gram()
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.gram, *self.x_rows]
+        return int(sum(a.nbytes for a in arrays if a is not None))
+
+    @property
+    def energy(self) -> float:
+        """||W x_q||^2 summed over the rows (the size of the output the error is compared with)."""
+        return float(self.channel_errors(np.zeros_like(self.weight)).sum())
+
+    def channel_errors(self, approx: np.ndarray) -> np.ndarray:
+        """||(approx - W) x_q||^2 per output channel, [G, O]."""
+        delta = approx - self.weight
+        if self.gram is not None:
+            return np.sum(np.matmul(delta, self.gram) * delta, axis=2)
+        error = np.matmul(self._x(), delta.transpose(0, 2, 1))                    # [G, r, O]
+        return np.sum(error * error, axis=1)
+
+    def gradient(self, approx: np.ndarray) -> np.ndarray:
+        """d loss / d approx in float32 (the optimization's steps; losses that decide stay float64)."""
+        if self._single is None:
+            self._single = (self.gram if self.gram is not None else self._x()).astype(np.float32)
+        delta = (approx - self.weight).astype(np.float32)
+        if self.gram is not None:
+            return np.matmul(delta, self._single) * np.float32(2.0 / self.rows)
+        error = np.matmul(self._single, delta.transpose(0, 2, 1))                 # [G, r, O]
+        return np.matmul(error.transpose(0, 2, 1), self._single) * np.float32(2.0 / self.rows)
+
+    def loss_and_gradient(self, approx: np.ndarray, gradient: bool = True):
+        """(reconstruction loss per row, d loss / d approx) for a weight ``approx`` [G, O, K]."""
+        delta = approx - self.weight
+        if self.gram is not None:
+            dg = np.matmul(delta, self.gram)                                      # [G, O, K]
+            loss = float(np.sum(dg * delta)) / self.rows
+            return max(loss, 0.0), (2.0 * dg / self.rows if gradient else None)
+        x = self._x()
+        error = np.matmul(x, delta.transpose(0, 2, 1))                            # [G, r, O]
+        loss = float(np.sum(error * error)) / self.rows
+        return loss, (2.0 * np.matmul(error.transpose(0, 2, 1), x) / self.rows if gradient else None)
+
+
+class RowHook(OperationHook):
+    """Samples ``per_batch`` output positions of each watched layer and adds the input rows they read."""
+
+    def __init__(self, stats: dict[str, LayerStatistics], per_batch: int, seed: int):
+        self.stats, self.per_batch = stats, per_batch
+        self.rng = np.random.default_rng(seed)
+
+    def before_operation(self, operation: Operation, inputs: list):
+        stat = self.stats.get(operation.name)
+        if stat is not None:
+            x = np.asarray(inputs[0])
+            stat.add(self._rows(operation, x, self._sample(operation, x)))
+        return None
+
+    def _sample(self, operation: Operation, x: np.ndarray):
+        if operation.type == "Gemm":
+            count = x.shape[0]
+            return np.sort(self.rng.choice(count, size=min(count, self.per_batch), replace=False))
+        pads, strides, dilations = conv_geometry(operation, operation.inputs[1].value)
+        kh, kw = operation.inputs[1].value.shape[2:]
+        out_h = (x.shape[2] + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+        out_w = (x.shape[3] + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+        total = x.shape[0] * out_h * out_w
+        flat = self.rng.choice(total, size=min(total, self.per_batch), replace=False)
+        n, rest = np.divmod(flat, out_h * out_w)
+        return n, rest // out_w, rest % out_w
+
+    @staticmethod
+    def _rows(operation: Operation, x: np.ndarray, indices) -> np.ndarray:
+        """The sampled rows as [G, r, K] float64."""
+        if operation.type == "Gemm":
+            return x[indices].astype(np.float64)[None]
+        weight = operation.inputs[1].value
+        group = int(operation.attributes.get("group", 1))
+        kh, kw = weight.shape[2:]
+        pads, strides, dilations = conv_geometry(operation, weight)
+        n, oh, ow = indices
+        padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+        rows_h = oh[:, None] * strides[0] + np.arange(kh)[None] * dilations[0]        # [r, kh]
+        rows_w = ow[:, None] * strides[1] + np.arange(kw)[None] * dilations[1]        # [r, kw]
+        patches = padded[n[:, None, None], :, rows_h[:, :, None], rows_w[:, None, :]]  # [r, kh, kw, C]
+        patches = patches.transpose(0, 3, 1, 2).astype(np.float64)                     # [r, C, kh, kw]
+        count, channels = patches.shape[:2]
+        grouped = patches.reshape(count, group, channels // group * kh * kw)
+        return grouped.transpose(1, 0, 2)                                              # [G, r, K]
