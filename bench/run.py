@@ -43,11 +43,11 @@ def parse_args(argv=None):
                              "default: the recipe rows beside onnxruntime (matrix.DEFAULT_CONFIGS)")
     parser.add_argument("--calib-images", type=int, default=200, help="calibration images (of 200)")
     parser.add_argument("--dev-images", type=int, default=300, help="evaluation images (of 300)")
-    parser.add_argument("--sim-images", type=int, default=100,
+    parser.add_argument("--sim-images", type=int, default=32,
                         help="dev images (the first ones) the ppqlike simulation runs on; the numpy executor is "
-                             "slow, so 100 by default; 0 for all evaluated")
+                             "slow, so 32 by default; 0 for all evaluated")
     parser.add_argument("--batch", type=int, default=16, help="calibration, evaluation and throughput batch")
-    parser.add_argument("--repetitions", type=int, default=7, help="interleaved throughput repetitions")
+    parser.add_argument("--repetitions", type=int, default=3, help="interleaved throughput repetitions")
     parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS.md"), help="the Markdown report")
     parser.add_argument("--json", default=None, help="also write every measurement as JSON here")
     parser.add_argument("--workdir", default=None, help="where quantized models go (default: a temporary folder, "
