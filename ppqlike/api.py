@@ -96,6 +96,42 @@ __all__ = ["BaseGraph", "ENABLE_CUDA_KERNEL", "PPQ_CONFIG", "QuantizationSetting
            "ppq_warning", "quantize_onnx_model"]
 
 
+class _BatchRange:
+    """Batches ``start`` to ``stop`` (exclusive) of a re-iterable dataloader."""
+
+    def __init__(self, dataloader: Iterable, start: int, stop: int):
+        self.dataloader, self.start, self.stop = dataloader, start, stop
+
+    def __len__(self):
+        return self.stop - self.start
+
+    def __iter__(self):
+        for index, batch in enumerate(self.dataloader):
+            if index >= self.stop:
+                return
+            if index >= self.start:
+                yield batch
+
+
+def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
+    """(calibration batches, their count, held-aside batches or None): with an accuracy target, the last
+    ``mixed_precision_batches`` of the calibration data are held aside from calibration and the target is
+    measured on them; when the data's length is unknown or too short, nothing is held aside (the target is
+    then measured on calibration batches, and the pass's report says so)."""
+    held = setting.mixed_precision_batches
+    if setting.accuracy_target is None:
+        return batches, calib_steps, None
+    total = calib_steps
+    if total is None:
+        try:
+            total = len(batches)
+        except TypeError:
+            return batches, calib_steps, None
+    if total <= held:
+        return batches, calib_steps, None
+    return _BatchRange(batches, 0, total - held), total - held, _BatchRange(batches, total - held, total)
+
+
 def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_steps: int | None = None,
                         input_shape: Sequence[int] | None = None,
                         platform: TargetPlatform | str = TargetPlatform.TRT_INT8,
@@ -151,9 +187,10 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     PlatformQuantizer(policy).quantize(graph)
     executor = NumpyExecutor(graph)
     batches = _CheckedBatches(graph, calib_dataloader, collate_fn, input_shape, inputs)
+    batches, calib_steps, held_aside = _hold_aside(batches, calib_steps, setting)
     pipeline = build_pipeline(policy, setting, verbose)
     records = pipeline.optimize(graph, verbose=verbose, executor=executor, dataloader=batches,
-                                calib_steps=calib_steps, collate_fn=None)
+                                calib_steps=calib_steps, collate_fn=None, held_aside=held_aside)
     graph.metadata["quantization"] = {
         **graph.metadata.get("quantization", {}),  # what passes recorded (mixed_precision_fp32_ops)
         "platform": platform.name, "setting": setting.to_dict(), "dispatch": summary,

@@ -149,3 +149,23 @@ def test_a_first_layer_at_int16_runs_in_onnxruntime_with_every_optimization(tmp_
     got = session.run(None, {"x": batches[0]})[0]
     want = ppqlike.NumpyExecutor(graph).forward(batches[0])[0]
     assert output_cosine([got], [want]) > 0.999
+
+
+def test_the_target_is_measured_on_batches_held_aside_from_calibration():
+    batches = data(5)
+    graph = _quantize(chain_model(), "TRT_INT8", -0.5, batches)         # a target that always holds: no moves
+    report = _mixed_precision_report(graph)
+    assert report["held_aside"] and report["batches"] == 2
+    # calibration saw the first three batches only: the same scales as calibrating on them alone
+    alone = _quantize(chain_model(), "TRT_INT8", None, batches[:3])
+    for name, operation in graph.operations.items():
+        for mine, theirs in zip(operation.config.output_quantization_config,
+                                alone.operations[name].config.output_quantization_config):
+            if mine is not None and mine.scale is not None:
+                np.testing.assert_array_equal(mine.scale, theirs.scale)
+    # a dataloader of unknown length holds nothing aside; the target is measured on calibration batches
+    class Unsized:
+        def __iter__(self):
+            return iter(batches)
+
+    assert not _mixed_precision_report(_quantize(chain_model(), "TRT_INT8", -0.5, Unsized()))["held_aside"]

@@ -134,7 +134,8 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
                             "rounding of the weights and bias correction (minutes)")
     group.add_argument("--accuracy-target", type=float, metavar="COSINE",
                        help="move the fewest ops to the platform's 16-bit grid (onnxruntime, DSP, TIDL), else FP32, "
-                            "until the output cosine against FP32 (on calibration batches) reaches COSINE; "
+                            "until the output cosine against FP32 (on the last 2 calibration batches, held aside from "
+                            "calibration) reaches COSINE; "
                             "the summary lists them")
     group.add_argument("--time-budget", type=float, metavar="SECONDS",
                        help="seconds the best recipe's learned rounding may take (default: the recipe's own)")

@@ -81,8 +81,8 @@ class QuantizationSetting(PPQSettingViews):
     ``range_search`` (each per-tensor activation range chosen again by the error it causes at its
     readers, with the quantized inputs they will see, on ``range_search_samples`` calibration samples),
     ``accuracy_target`` (None: off; else the output cosine against FP32 to
-    reach by moving the fewest ops to the platform's 16-bit grid, else FP32, measured on
-    ``mixed_precision_batches`` calibration batches, at most
+    reach by moving the fewest ops to the platform's 16-bit grid, else FP32, measured on the last
+    ``mixed_precision_batches`` calibration batches, held aside from calibration, at most
     ``mixed_precision_max_ops`` ops, None: no limit).
     ``keep_imported_scales``: an already quantized model (QDQ/QOperator) keeps the file's scales
     (quantize_onnx_model refuses it; False: recalibrate it from the calibration data).

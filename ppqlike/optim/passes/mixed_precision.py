@@ -1,7 +1,11 @@
 """Accuracy target: move the fewest ops to a higher precision until the output cosine holds (TPU-MLIR style).
 
 1. Units.  Fused ops move together (:func:`.precision_moves.find_units`).
-2. Sensitivity.  On ``batches`` calibration batches, each unit is quantized
+Data: the batches ``quantize_onnx_model`` held aside from calibration (the last
+``mixed_precision_batches`` of the calibration data, ``held_aside``); without
+them (a dataloader of unknown length), the first ``batches`` calibration batches.
+
+2. Sensitivity.  On those batches, each unit is quantized
    alone, everything else in float, and the cosine between the graph
    outputs and the FP32 outputs is measured (per sample, averaged; outputs
    averaged).  The FP32 intermediate values of the batch are computed once
@@ -151,11 +155,15 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
         self.bits = None if higher_precision_bits is None else int(higher_precision_bits)
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
-                 calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
+                 calib_steps: int | None = None, collate_fn: Callable | None = None,
+                 held_aside: Iterable | None = None, **kwargs) -> dict:
         started = time.perf_counter()
         executor = executor or NumpyExecutor(graph)
-        steps = self.batches if calib_steps is None else min(self.batches, calib_steps)
-        data = list(iterate_calibration(dataloader, steps, collate_fn, "mixed precision data", False))
+        if held_aside is not None:   # batches calibration did not see (quantize_onnx_model holds them aside)
+            data = list(iterate_calibration(held_aside, None, collate_fn, "mixed precision data", False))
+        else:
+            steps = self.batches if calib_steps is None else min(self.batches, calib_steps)
+            data = list(iterate_calibration(dataloader, steps, collate_fn, "mixed precision data", False))
         runner = _Runner(graph, executor)
         with dequantized(graph):
             references = [executor.forward(batch) for batch in data]
@@ -229,5 +237,5 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
                 "reached": bool(current >= self.target), "moved": moved,
                 "fp32_op_count": len(moved[FP32]), "fp32_ops": moved[FP32],
                 "higher_precision": _precision_name(self.bits), "units": len(units), "measurements": measured,
-                "batches": len(data), "seconds": round(time.perf_counter() - started, 3),
+                "batches": len(data), "held_aside": held_aside is not None, "seconds": round(time.perf_counter() - started, 3),
                 "most_sensitive": worst, "trace": trace}
