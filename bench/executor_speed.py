@@ -50,6 +50,8 @@ MODELS = {  # name: (file, input name, image preprocessing options of ppqlike.io
                     dict(scale=255, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))),
     "efficientnet_lite0": ("efficientnet_lite0.onnx", "input", dict(mean=127.0, std=128.0)),
     "squeezenet1.1": ("squeezenet1.1.onnx", "data_0", dict(mean=(103.94, 116.78, 123.68), bgr=True)),
+    "vit_s_focus": ("vit_s_focus.onnx", "input_image",
+                    dict(scale=255, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))),
 }
 
 

@@ -36,6 +36,7 @@ PPQ_ACCURACY_ROWS = (
     ("DSP_INT8", "default", ("equalization", "bias_correction")),
     ("ACADEMIC_W4A8", "default", ()),
     ("ACADEMIC_W4A8", "default", ("adaround",)),
+    ("ACADEMIC_W4A8", "recipe:best", ()),             # issue 13: W4A8 within 2 points of FP32 top-1
     ("TPU_INT8", "search", ()),
     ("TPU_INT8", "default", ("mixed_precision",)),
     ("ORT_INT8", "default", ("mixed_precision",)),   # the accuracy target moves layers to int16 here

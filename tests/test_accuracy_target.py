@@ -169,3 +169,13 @@ def test_the_target_is_measured_on_batches_held_aside_from_calibration():
             return iter(batches)
 
     assert not _mixed_precision_report(_quantize(chain_model(), "TRT_INT8", -0.5, Unsized()))["held_aside"]
+
+
+def test_the_target_is_held_to_the_mean_cosine_less_one_standard_error():
+    from ppqlike.optim.passes.mixed_precision import cosine_lower_bound, sample_cosines
+    values = np.array([0.99, 0.98, 1.0, 0.97])
+    assert cosine_lower_bound(values) == pytest.approx(0.985 - np.std(values, ddof=1) / 2)
+    assert cosine_lower_bound(np.array([0.95])) == 0.95
+    # per sample: the cosine of each row, averaged over the outputs
+    a, b = np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([[1.0, 0.0], [1.0, -1.0]])
+    np.testing.assert_allclose(sample_cosines([a, a], [a, b]), [1.0, 0.5])
