@@ -374,7 +374,8 @@ def render(results: dict, partial: bool = False) -> str:
              f"{options['dev_images']} dev images for evaluation only (nothing is tuned on them)"
              + (f"; ppqlike's simulation runs on the first {min(options['sim_images'], options['dev_images'])} of "
                 "them (its numpy executor is slow)" if options.get("sim_images") else "")
-             + f". Whole run: {results.get('seconds', 0) / 60:.1f} min.", "",
+             + f". Whole run: {results.get('seconds', 0) / 60:.1f} min.",
+             *(f"- {note}" for note in results.get("notes", ())), "",
              "## How to read the tables", "",
              "- **agree FP32**: fraction of dev images whose top-1 class equals the FP32 model's. **SNR dB**: "
              "10·log10(Σ fp32² / Σ (quant − fp32)²) over all outputs of all dev images; **cosine**: mean per "
