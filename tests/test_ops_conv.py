@@ -254,3 +254,13 @@ def test_conv_transpose_groups(bias):
 def test_conv_transpose_1d_and_3d():
     _deconv((2, 3, 9), (3, 2, 4), strides=[3], output_padding=[2])
     _deconv((1, 2, 4, 3, 5), (2, 3, 2, 3, 2), strides=[2, 1, 2], pads=[0, 1, 0, 0, 1, 1])
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_conv_transpose_split_over_threads(threads):
+    _threads.set_num_threads(threads)
+    try:   # the ViT decoder's geometry, fewer channels; images split over the threads
+        _deconv((5, 8, 7, 7), (8, 4, 4, 4), strides=[2, 2], pads=[1, 1, 1, 1])
+        _deconv((3, 6, 5, 5), (6, 2, 3, 2), group=3, strides=[2, 2], pads=[1, 0, 0, 1])
+    finally:
+        _threads.set_num_threads(None)

@@ -66,3 +66,21 @@ def test_matmul_weight_initializer_and_int32():
                                initializers={"b"}, rtol=RTOL, atol=ATOL)
     ints = {"a": np.arange(12, dtype=np.int32).reshape(3, 4), "b": np.arange(8, dtype=np.int32).reshape(4, 2)}
     assert_matches_onnxruntime("MatMul", ints, exact=True)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((4, 197, 384), (384, 96)),          # rows of a split
+                                             ((4, 6, 197, 64), (4, 6, 64, 197)),  # batch split
+                                             ((3, 6, 100, 64), (1, 6, 64, 100)),  # broadcast batch
+                                             ((2, 3, 64), (2, 64, 5))])           # too small: one call
+@pytest.mark.parametrize("threads", [2, 3])
+def test_matmul_split_over_threads_agrees_with_onnxruntime(a_shape, b_shape, threads, monkeypatch):
+    from ppqlike.executor.ops import _threads, linear
+    monkeypatch.setattr(linear, "_SPLIT_ABOVE", 1 << 12)
+    _threads.set_num_threads(threads)
+    try:
+        inputs = {"a": _data(*a_shape, seed=10), "b": _data(*b_shape, seed=11)}
+        assert_matches_onnxruntime("MatMul", inputs, {}, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(linear.matmul(inputs["a"], inputs["b"]), np.matmul(inputs["a"], inputs["b"]),
+                                   rtol=1e-4, atol=1e-4)
+    finally:
+        _threads.set_num_threads(None)

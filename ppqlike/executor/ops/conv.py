@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import _conv_depthwise, _conv_fast
+from . import _conv_depthwise, _conv_fast, _threads
 from .base import Kernel, attribute, unsupported
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -216,15 +216,21 @@ def _build_conv_transpose(op, opset: int) -> Kernel:
         taps = int(np.prod(ks))
         buffer = np.zeros((n, co, *[max(f, 1) for f in full]), dtype)
         x3 = x.reshape(n, ci, positions).astype(dtype, copy=False)
-        for g in range(group):
-            wg = w[g * cig:(g + 1) * cig].reshape(cig, cog * taps).astype(dtype, copy=False)
-            cols = np.matmul(wg.T, x3[:, g * cig:(g + 1) * cig])          # [N, cog*taps, positions]
-            cols = cols.reshape(n, cog, *ks, *spatial)
-            for index in itertools.product(*[range(k) for k in ks]):
-                target = tuple(slice(j * d, j * d + s * (i - 1) + 1, s)
-                               for j, d, s, i in zip(index, dilations, strides, spatial))
-                region = buffer[(slice(None), slice(g * cog, (g + 1) * cog)) + target]
-                np.add(region, cols[(slice(None), slice(None)) + index], out=region)
+        weights = [w[g * cig:(g + 1) * cig].reshape(cig, cog * taps).astype(dtype, copy=False).T
+                   for g in range(group)]
+
+        def scatter(images):   # images [n0, n1): their GEMMs, and the taps added into the buffer
+            n0, n1 = images
+            for g in range(group):
+                cols = np.matmul(weights[g], x3[n0:n1, g * cig:(g + 1) * cig])   # [n, cog*taps, positions]
+                cols = cols.reshape(n1 - n0, cog, *ks, *spatial)
+                for index in itertools.product(*[range(k) for k in ks]):
+                    target = tuple(slice(j * d, j * d + s * (i - 1) + 1, s)
+                                   for j, d, s, i in zip(index, dilations, strides, spatial))
+                    region = buffer[(slice(n0, n1), slice(g * cog, (g + 1) * cog)) + target]
+                    np.add(region, cols[(slice(None), slice(None)) + index], out=region)
+
+        _threads.parallel(scatter, _threads.split_evenly(n, _threads.num_threads()))
         out = np.zeros((n, co, *sizes), dtype)
         source, dest = [], []
         for start, size, extent in zip(begin, sizes, full):

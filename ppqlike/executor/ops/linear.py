@@ -10,7 +10,38 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._threads import num_threads, parallel, split_evenly
 from .base import Kernel, attribute, unsupported
+
+_SPLIT_ABOVE = 1 << 21    # multiply-adds from which a product is split over the kernel threads
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)``, split over ``PPQLIKE_NUM_THREADS`` Python threads when it is large (BLAS then runs
+    single-threaded, see ``_threads.py``): by rows of ``a`` when ``b`` is a matrix, else by the leading batch
+    dimension (the same products, each piece a BLAS call on fewer rows)."""
+    threads = num_threads()
+    if threads < 2 or a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+        return np.matmul(a, b)
+    rows = int(np.prod(a.shape[:-1]))
+    if rows * a.shape[-1] * b.shape[-1] < _SPLIT_ABOVE:
+        return np.matmul(a, b)
+    if b.ndim == 2:
+        left = a.reshape(rows, a.shape[-1])
+        out = np.empty(a.shape[:-1] + (b.shape[-1],), np.result_type(a, b))
+        flat = out.reshape(rows, b.shape[-1])
+        parallel(lambda part: np.matmul(left[part[0]:part[1]], b, out=flat[part[0]:part[1]]),
+                 split_evenly(rows, threads))
+        return out
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if a.ndim != b.ndim or not shape or shape[0] < threads:
+        return np.matmul(a, b)
+    a = np.broadcast_to(a, shape + a.shape[-2:])
+    b = np.broadcast_to(b, shape + b.shape[-2:])
+    out = np.empty(shape + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
+    parallel(lambda part: np.matmul(a[part[0]:part[1]], b[part[0]:part[1]], out=out[part[0]:part[1]]),
+             split_evenly(shape[0], threads))
+    return out
 
 
 def _build_gemm(op, opset: int) -> Kernel:
@@ -29,7 +60,7 @@ def _build_gemm(op, opset: int) -> Kernel:
         if a.shape[1] != b.shape[0]:
             raise unsupported(op, f"Gemm of shapes {list(a.shape)} and {list(b.shape)} after transposition")
         dtype = np.result_type(a.dtype, b.dtype)
-        y = np.matmul(a, b)
+        y = matmul(a, b)
         if alpha != 1.0:
             np.multiply(y, np.asarray(alpha).astype(dtype), out=y, casting="unsafe")
         if c is not None and beta != 0.0:
@@ -47,7 +78,7 @@ def _build_matmul(op, opset: int) -> Kernel:
         a, b = inputs[0], inputs[1]
         if a.ndim == 0 or b.ndim == 0:
             raise unsupported(op, "MatMul of a scalar (operands must have rank 1 or more)")
-        return [np.asarray(np.matmul(a, b))]
+        return [np.asarray(matmul(a, b))]
     return kernel
 
 
