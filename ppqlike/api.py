@@ -7,6 +7,7 @@ for a platform.  Names follow PPQ's so that its users feel at home.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -106,11 +107,7 @@ class _BatchRange:
         return self.stop - self.start
 
     def __iter__(self):
-        for index, batch in enumerate(self.dataloader):
-            if index >= self.stop:
-                return
-            if index >= self.start:
-                yield batch
+        return itertools.islice(self.dataloader, self.start, self.stop)
 
 
 def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):

@@ -338,11 +338,17 @@ def smooth_data(batches=4, seed=0):
             for c in coarse]
 
 
-def test_adaround_lowers_layer_reconstruction_error():
-    batches = smooth_data(4)
+def calibrated_w4a8_chain(batches):
+    """The Relu chain on ACADEMIC_W4A8 through calibration (weights not yet rounded): (graph, executor)."""
     graph, policy = prepared(chain_model("relu"), "ACADEMIC_W4A8",
                              QuantizationSettingFactory.for_platform("ACADEMIC_W4A8"))
     executor, _ = run_passes(graph, policy, batches)
+    return graph, executor
+
+
+def test_adaround_lowers_layer_reconstruction_error():
+    batches = smooth_data(4)
+    graph, executor = calibrated_w4a8_chain(batches)
     conv1 = graph.operations["conv1"]
     weight = conv1.inputs[1].value
     config = conv1.config.input_quantization_config[1]
@@ -377,9 +383,7 @@ def test_adaround_lowers_layer_reconstruction_error():
 
 def test_adaround_scale_search_never_does_worse_than_min_max():
     batches = smooth_data(4)
-    graph, policy = prepared(chain_model("relu"), "ACADEMIC_W4A8",
-                             QuantizationSettingFactory.for_platform("ACADEMIC_W4A8"))
-    executor, _ = run_passes(graph, policy, batches)
+    graph, executor = calibrated_w4a8_chain(batches)
     min_max = {op: graph.operations[op].config.input_quantization_config[1].scale.copy()
                for op in ("conv1", "conv2", "conv3", "conv4", "fc")}
     report = AdaroundPass(steps=200, samples=512, verbose=False).optimize(
@@ -437,9 +441,7 @@ def test_adaround_stops_inside_a_layer_at_the_deadline_and_keeps_a_rounding_no_w
     from ppqlike.optim.passes.adaround import learn_rounding
     from ppqlike.optim.passes.adaround_rows import LayerStatistics, RowHook
     batches = smooth_data(4)
-    graph, policy = prepared(chain_model("relu"), "ACADEMIC_W4A8",
-                             QuantizationSettingFactory.for_platform("ACADEMIC_W4A8"))
-    executor, _ = run_passes(graph, policy, batches)
+    graph, executor = calibrated_w4a8_chain(batches)
     conv1 = graph.operations["conv1"]
     config = conv1.config.input_quantization_config[1]
     stat = LayerStatistics(conv1)

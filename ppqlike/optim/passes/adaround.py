@@ -215,7 +215,7 @@ def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQu
     ``time.perf_counter()`` value) the iterations stop and the rounding reached so far is judged as at the end."""
     rounder = _Rounder(operation, config)
     nearest = _nearest(operation, config)
-    nearest_loss = stat.loss_and_gradient(nearest, gradient=False)[0]
+    nearest_loss = stat.loss(nearest)
     # the reconstruction term is divided by the nearest-rounding loss so that lam means the same in every layer
     norm = 1.0 / max(nearest_loss, 1e-30)
     m = np.zeros_like(rounder.v)
@@ -241,7 +241,7 @@ def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQu
         v2 = b2 * v2 + (1 - b2) * grad_v * grad_v
         rounder.v -= lr * (m / (1 - b1 ** (t + 1))) / (np.sqrt(v2 / (1 - b2 ** (t + 1))) + eps)
     learned, _ = rounder.weight(rounder.hard())
-    learned_loss = stat.loss_and_gradient(learned, gradient=False)[0]
+    learned_loss = stat.loss(learned)
     h, _, _ = rounder.soft()
     energy = max(stat.energy, 1e-30)
     facts = {"nearest_loss": nearest_loss, "learned_loss": learned_loss,

@@ -110,7 +110,7 @@ class LayerStatistics:
         return np.sum(error * error, axis=1)
 
     def gradient(self, approx: np.ndarray) -> np.ndarray:
-        """d loss / d approx in float32 (the optimization's steps; losses that decide stay float64)."""
+        """d loss / d approx in float32 (the optimization's steps; :meth:`loss` stays float64)."""
         if self._single is None:
             self._single = (self.gram if self.gram is not None else self._x()).astype(np.float32)
         delta = (approx - self.weight).astype(np.float32)
@@ -119,17 +119,9 @@ class LayerStatistics:
         error = np.matmul(self._single, delta.transpose(0, 2, 1))                 # [G, r, O]
         return np.matmul(error.transpose(0, 2, 1), self._single) * np.float32(2.0 / self.rows)
 
-    def loss_and_gradient(self, approx: np.ndarray, gradient: bool = True):
-        """(reconstruction loss per row, d loss / d approx) for a weight ``approx`` [G, O, K]."""
-        delta = approx - self.weight
-        if self.gram is not None:
-            dg = np.matmul(delta, self.gram)                                      # [G, O, K]
-            loss = float(np.sum(dg * delta)) / self.rows
-            return max(loss, 0.0), (2.0 * dg / self.rows if gradient else None)
-        x = self._x()
-        error = np.matmul(x, delta.transpose(0, 2, 1))                            # [G, r, O]
-        loss = float(np.sum(error * error)) / self.rows
-        return loss, (2.0 * np.matmul(error.transpose(0, 2, 1), x) / self.rows if gradient else None)
+    def loss(self, approx: np.ndarray) -> float:
+        """The reconstruction loss per row of a weight ``approx`` [G, O, K], in float64 (it decides what is kept)."""
+        return max(float(self.channel_errors(approx).sum()) / self.rows, 0.0)
 
 
 class RowHook(OperationHook):

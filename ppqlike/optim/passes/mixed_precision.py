@@ -183,10 +183,10 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
         started = time.perf_counter()
         executor = executor or NumpyExecutor(graph)
         if held_aside is not None:   # batches calibration did not see (quantize_onnx_model holds them aside)
-            data = list(iterate_calibration(held_aside, None, collate_fn, "mixed precision data", False))
+            source, steps = held_aside, None
         else:
-            steps = self.batches if calib_steps is None else min(self.batches, calib_steps)
-            data = list(iterate_calibration(dataloader, steps, collate_fn, "mixed precision data", False))
+            source, steps = dataloader, self.batches if calib_steps is None else min(self.batches, calib_steps)
+        data = list(iterate_calibration(source, steps, collate_fn, "mixed precision data", False))
         runner = _Runner(graph, executor)
         with dequantized(graph):
             references = [executor.forward(batch) for batch in data]
