@@ -135,3 +135,63 @@ def test_opset_variants_pick_the_newest_not_newer_than_the_model():
     build = by_opset({6: lambda op, opset: "clip-6", 11: lambda op, opset: "clip-11"})
     assert [build(None, opset) for opset in (1, 6, 10, 11, 21)] == ["clip-6", "clip-6", "clip-6", "clip-11",
                                                                      "clip-11"]
+
+
+def _residual_model():
+    """x -> Conv -> Relu = r; r -> Conv -> Clip -> Conv = p; Add(p, r) -> GlobalAveragePool: r has two
+    readers, and is also asked for as an output."""
+    rng = np.random.default_rng(4)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.4).astype(np.float32), name)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2"], ["c2"], pads=[1, 1, 1, 1], group=6, name="depthwise"),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["k"], name="clip"),
+             helper.make_node("Conv", ["k", "w3", "b3"], ["p"], name="pointwise"),
+             helper.make_node("Add", ["p", "r"], ["s"], name="add"),
+             helper.make_node("GlobalAveragePool", ["s"], ["y"], name="gap")]
+    initializers = [weight("w1", 6, 3, 3, 3), weight("b1", 6), weight("w2", 6, 1, 3, 3), weight("w3", 6, 6, 1, 1),
+                    weight("b3", 6), numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                    numpy_helper.from_array(np.array(6, np.float32), "hi")]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 40, 40])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 1, 1])], initializers)
+
+
+@pytest.mark.parametrize("platform", ["ORT_INT8", "TRT_INT8", "TPU_INT8", "NXP_INT8", "DSP_INT8"])
+def test_quantized_forward_equals_running_each_op_through_its_configs(platform, tmp_path):
+    """The executor's shortcuts (a value already on the grid its reader would quantize it to is passed
+    as it is; outputs quantized in place; an activation fused into its producer) change no value: the
+    result equals running op after op with ``run_operation`` (every config applied to a copy), the
+    input and the parameters are left as they were, and a value with two readers reaches both intact."""
+    import onnx
+    path = tmp_path / "residual.onnx"
+    onnx.save(_residual_model(), path)
+    rng = np.random.default_rng(5)
+    calibration = [rng.standard_normal((4, 3, 40, 40)).astype(np.float32) for _ in range(2)]
+    graph = ppqlike.quantize_onnx_model(str(path), calibration, platform=platform)
+    add = graph.operations["add"].config
+    if add is not None:  # the Add reads r on a grid of its own: r must be quantized again for it
+        from ppqlike.core.quant import QuantizationStates, TensorQuantizationConfig
+        original = add.input_quantization_config[1]
+        add.input_quantization_config[1] = TensorQuantizationConfig(
+            original.policy, original.rounding, original.num_of_bits, original.quant_min, original.quant_max,
+            scale=np.float32(float(np.max(original.scale)) * 2.5), offset=0, state=QuantizationStates.ACTIVATED)
+    executor = ppqlike.NumpyExecutor(graph)
+    x = rng.standard_normal((8, 3, 40, 40)).astype(np.float32) * 1.5
+    kept = x.copy()
+    parameters = {name: v.value.copy() for name, v in graph.variables.items() if v.is_parameter}
+    r, y = executor.forward({"x": x}, output_names=["r", "y"])
+    values = {"x": x}
+    for operation in graph.topological_sort():
+        inputs = [None if v is None else (values[v.name] if v.name in values else v.value) for v in operation.inputs]
+        for variable, value in zip(operation.outputs, executor.run_operation(operation, [np.array(i) if
+                                                                              isinstance(i, np.ndarray) else i
+                                                                              for i in inputs])):
+            values[variable.name] = value
+    np.testing.assert_array_equal(y, values["y"])
+    np.testing.assert_array_equal(r, values["r"])
+    np.testing.assert_array_equal(x, kept)
+    for name, value in parameters.items():
+        np.testing.assert_array_equal(graph.variables[name].value, value)
+    np.testing.assert_array_equal(executor.forward({"x": x}, output_names=["r", "y"])[1], y)  # again: same

@@ -199,6 +199,31 @@ def test_fake_quantize_equals_two_step_path(axis_pick, policy, dtype, qrange, se
         np.testing.assert_array_equal(fake, two_step)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(POLICIES), st.sampled_from([(-128, 127), (0, 255), (-32768, 32767)]),
+       st.integers(0, 2 ** 31), st.booleans())
+def test_fake_quantize_in_blocks_and_in_place_equals_two_step_path(policy, qrange, seed, in_place):
+    """Activations larger than a cache block: ties, NaN and inf scattered over several blocks (a block
+    with a tie and a NaN must still round the tie by the policy), the result written into ``x`` itself."""
+    rng = np.random.default_rng(seed)
+    qmin, qmax = qrange
+    scale, offset = np.float32(0.25), int(rng.integers(qmin, qmax + 1) // 2)
+    x = (rng.standard_normal(3 * (1 << 15) + 123) * 20).astype(np.float32)
+    spots = rng.choice(x.size, 60, replace=False)
+    x[spots[:40]] = (rng.integers(-200, 200, 40) + 0.5).astype(np.float32) * scale   # exact ties
+    x[spots[40:50]] = np.nan
+    x[spots[50:]] = np.inf * np.sign(rng.standard_normal(10))
+    x = x.reshape(3, -1)
+    with np.errstate(invalid="ignore"):
+        expected = dequantize(quantize(x, scale, offset, qmin, qmax, policy), scale, offset)
+        finite = np.isfinite(x)
+        source = x.copy()
+        got = fake_quantize(source, scale, offset, qmin, qmax, policy, out=source if in_place else None)
+    assert (got is source) == in_place
+    np.testing.assert_array_equal(got[finite], expected[finite])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(x))
+
+
 def test_per_channel_matches_per_tensor_slices():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 3, 2)).astype(np.float32)

@@ -17,8 +17,9 @@ from ppqlike.executor.onnxruntime_kernels import wants_runtime_kernel
 from ppqlike.export.verify import run_qdq_model
 
 
-def _model(seed: int) -> onnx.ModelProto:
-    """Conv(3x3)+Relu -> depthwise Conv+Clip -> 1x1 Conv, residual Add, GlobalAveragePool, Flatten, Gemm."""
+def _model(seed: int, size: int = 12) -> onnx.ModelProto:
+    """Conv(3x3)+Relu -> depthwise Conv+Clip -> 1x1 Conv, residual Add, GlobalAveragePool, Flatten, Gemm
+    on ``size`` x ``size`` maps."""
     rng = np.random.default_rng(seed)
 
     def weight(name, *shape, scale=0.3):
@@ -41,16 +42,16 @@ def _model(seed: int) -> onnx.ModelProto:
                     numpy_helper.from_array(np.array(0, np.float32), "lo"),
                     numpy_helper.from_array(np.array(6, np.float32), "hi")]
     graph = helper.make_graph(nodes, "kernels",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-def _quantized(seed: int, tmp_path):
+def _quantized(seed: int, tmp_path, size: int = 12):
     rng = np.random.default_rng(seed + 100)
     path = tmp_path / f"m{seed}.onnx"
-    onnx.save(_model(seed), path)
-    calibration = [rng.standard_normal((8, 3, 12, 12)).astype(np.float32) for _ in range(2)]
+    onnx.save(_model(seed, size), path)
+    calibration = [rng.standard_normal((8, 3, size, size)).astype(np.float32) for _ in range(2)]
     graph = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
     exported = api.export_ppq_graph(graph, "ORT_INT8", tmp_path / f"q{seed}.onnx")[0]
     return graph, onnx.load(exported)
@@ -74,6 +75,53 @@ def test_simulation_equals_onnxruntime_bit_for_bit(seed, tmp_path_factory):
     spec = NumpyExecutor(graph, runtime_kernels=False).forward(x)[0]
     step = float(graph.operations["fc"].config.output_quantization_config[0].scale)
     assert np.max(np.abs(spec - run_qdq_model(model, {"x": x}, optimization="disable")[0])) <= 4 * step
+
+
+def test_large_maps_run_bit_for_bit(tmp_path):
+    """Activations of many cache blocks (the requantization, the integer recovery and the fake
+    quantization work block by block) and a hook that replaces an input (the simulation must then
+    check the grid again) still give onnxruntime's outputs."""
+    from ppqlike.executor import OperationHook
+    graph, model = _quantized(3, tmp_path, size=64)
+    x = np.random.default_rng(11).standard_normal((8, 3, 64, 64)).astype(np.float32) * 1.5
+    deployed = run_qdq_model(model, {"x": x})[0]
+    np.testing.assert_array_equal(NumpyExecutor(graph).forward(x)[0], deployed)
+
+    class Copies(OperationHook):  # the same values, but arrays the executor did not make
+        def before_operation(self, operation, inputs):
+            return [None if value is None else np.array(value) for value in inputs]
+    np.testing.assert_array_equal(NumpyExecutor(graph).forward(x, hooks=[Copies()])[0], deployed)
+
+
+def test_wide_accumulators_run_in_float64_bit_for_bit(tmp_path):
+    """A 1x1 convolution over 2048 channels with full-range weights: max |x| * sum |w| passes 2^24, so the
+    accumulator is not exact in float32 and the simulation computes it in float64; still onnxruntime's."""
+    from ppqlike.executor import onnxruntime_kernels
+    rng = np.random.default_rng(2)
+    weight = rng.uniform(0.5, 1.0, (4, 2048, 1, 1)).astype(np.float32)  # sums of ~2048 * 95 * 190 > 2^24
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="wide")], "wide",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2048, 2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 2, 2])],
+                              [numpy_helper.from_array(weight, "w")])
+    path = tmp_path / "wide.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    calibration = [rng.random((4, 2048, 2, 2)).astype(np.float32) for _ in range(2)]
+    quantized = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
+    model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
+    chosen = []
+    original = onnxruntime_kernels._exact_in_float32
+
+    def spy(*arguments):
+        chosen.append(original(*arguments))
+        return chosen[-1]
+    x = rng.uniform(0.5, 1.0, (4, 2048, 2, 2)).astype(np.float32)
+    onnxruntime_kernels._exact_in_float32 = spy
+    try:
+        simulated = NumpyExecutor(quantized).forward(x)[0]
+    finally:
+        onnxruntime_kernels._exact_in_float32 = original
+    assert chosen == [False]
+    np.testing.assert_array_equal(simulated, run_qdq_model(model, {"x": x})[0])
 
 
 def test_off_grid_inputs_fall_back_to_the_float_kernel(tmp_path):

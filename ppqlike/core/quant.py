@@ -292,18 +292,19 @@ class TensorQuantizationConfig(QuantGridBase):
         axis = grid._channel_axis if scale.ndim else None
         return scale, offset, grid._qmin, grid._qmax, axis
 
-    def _call(self, fn, values):
+    def _call(self, fn, values, **options):
         scale, offset, qmin, qmax, axis = self._params()
         try:
             if fn is numerics.dequantize:
                 return fn(values, scale, offset, channel_axis=axis)
-            return fn(values, scale, offset, qmin, qmax, self._rounding, channel_axis=axis)
+            return fn(values, scale, offset, qmin, qmax, self._rounding, channel_axis=axis, **options)
         except QuantizationStateError as exc:
             raise QuantizationStateError(f"{self._who()}: {exc}") from None
 
-    def fake_quantize(self, x) -> np.ndarray:
-        """dequantize(quantize(x)) as float32 with the scale/offset in use."""
-        return self._call(numerics.fake_quantize, x)
+    def fake_quantize(self, x, out: np.ndarray | None = None) -> np.ndarray:
+        """dequantize(quantize(x)) as float32 with the scale/offset in use (into ``out`` when given;
+        ``out`` may be ``x``)."""
+        return self._call(numerics.fake_quantize, x, **({} if out is None else {"out": out}))
 
     def quantize(self, x) -> np.ndarray:
         """Integers clamp(round(x / S) + Z) (int32, int64 for wide ranges)."""

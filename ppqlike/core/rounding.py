@@ -80,6 +80,10 @@ def round_inplace(t: np.ndarray, policy: RoundingPolicy) -> np.ndarray:
     r = np.rint(t)
     with np.errstate(invalid="ignore"):  # inf - inf = nan: compares False, r stays inf
         d = np.subtract(t, r, out=t)  # t now holds d (exact); r the candidate
+        if d.size and not (np.fmax.reduce(d, axis=None) >= 0.5 or np.fmin.reduce(d, axis=None) <= -0.5):
+            # no tie anywhere (NaN, from inf or NaN inputs, is none and is skipped by fmax/fmin)
+            t[...] = r
+            return t
     if policy is _P.ROUND_HALF_UP:
         r += d == 0.5
     elif policy is _P.ROUND_HALF_DOWN:

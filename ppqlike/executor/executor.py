@@ -24,7 +24,7 @@ from ..core.ir import Graph, Operation
 from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
 from .ops import Kernel, build_kernel
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
-from .simulation import apply_config, apply_output_config
+from .simulation import apply_config, apply_output_config, grid_key, keeps_grid
 
 
 class OperationHook:
@@ -56,6 +56,31 @@ class _Plan:
     steps: list
     needed_inputs: tuple
     fusions: dict = field(default_factory=dict)   # step index of a Conv -> step index of its Relu/Clip
+
+
+def _argument_grids(operation: Operation, names: tuple, grids: dict) -> tuple:
+    """Per input of ``operation`` (after its input configs ran): the grid key its value lies on, or None.
+
+    An applied input config put the value on its grid (or found it there); otherwise the value is
+    what its producer left, on the grid ``grids`` recorded for it, if any.
+    """
+    configs = operation.config.input_quantization_config if operation.config is not None else ()
+    keys = []
+    for index, name in enumerate(names):
+        key = grid_key(configs[index]) if index < len(configs) else None
+        keys.append(key if key is not None else grids.get(name))
+    return tuple(keys)
+
+
+def _fresh(operation: Operation, results: list, arguments: list) -> tuple:
+    """Per result: whether it is a float32 array the kernel made for this call (writeable, sharing no
+    memory with any input), which output quantization may then overwrite."""
+    if operation.config is None or operation.type == "Constant":
+        return ()
+    return tuple(isinstance(value, np.ndarray) and value.dtype == np.float32 and value.flags.writeable
+                 and value.flags.c_contiguous
+                 and not any(isinstance(a, np.ndarray) and np.may_share_memory(value, a) for a in arguments)
+                 for value in results)
 
 
 class NumpyExecutor:
@@ -225,6 +250,7 @@ class NumpyExecutor:
                 raise ExecutionError(f"graph {self.graph.name!r}: input {name!r} was not given")
         variables = self.graph.variables
         fused_into: dict[int, object] = {}  # activation step index -> producer's pre-activation result
+        grids: dict[str, tuple] = {}  # value name -> grid key of the config that last quantized it
         for index, step in enumerate(plan.steps):
             operation = step.operation
             if index in fused_into:  # this activation already ran in place on its producer's result
@@ -239,13 +265,14 @@ class NumpyExecutor:
                     arguments.append(values[name])
                 else:
                     arguments.append(variables[name].value)
-            arguments = self._quantize_inputs(operation, arguments)
+            arguments = self._quantize_inputs(operation, arguments, step.inputs, grids)
+            argument_grids = _argument_grids(operation, step.inputs, grids)
             for hook in hooks:
                 replaced = hook.before_operation(operation, arguments)
                 if replaced is not None:
-                    arguments = list(replaced)
+                    arguments, argument_grids = list(replaced), ()  # a hook's values may lie anywhere
             try:
-                results = self._run_kernel(operation, step.kernel, arguments)
+                results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, argument_grids)
             except PPQLikeError:
                 raise
             except Exception as error:  # a numpy error inside a kernel: name the node
@@ -255,18 +282,21 @@ class NumpyExecutor:
             partner = plan.fusions.get(index) if not hooks else None
             if partner is not None and self._fusable(operation, plan.steps[partner].operation, results[0]):
                 activation = plan.steps[partner]
-                results = self._activate_in_place(activation, results[0], values, variables)
+                results = self._activate_in_place(activation, results[0], values, variables, grids)
                 fused_into[partner] = True
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
                 for name in step.release:
                     values.pop(name, None)
                 continue
-            results = self._quantize_outputs(operation, results)
+            results = self._quantize_outputs(operation, results, step.outputs, grids, on_output_grid,
+                                             _fresh(operation, results, arguments))
             for hook in hooks:
                 replaced = hook.after_operation(operation, arguments, results)
                 if replaced is not None:
                     results = list(replaced)
+                    for name in step.outputs:  # a hook's values may lie anywhere
+                        grids.pop(name, None)
             for name, value in zip(step.outputs, results):
                 values[name] = value
             for name in step.release:
@@ -299,7 +329,8 @@ class NumpyExecutor:
         return all(c is None or (apply_config(c, value) is value and "requantization" not in c.detail)
                    for c in between)
 
-    def _activate_in_place(self, step: _Step, value: np.ndarray, values: dict, variables: dict) -> list:
+    def _activate_in_place(self, step: _Step, value: np.ndarray, values: dict, variables: dict,
+                           grids: dict) -> list:
         """Apply a Relu/Clip step to ``value`` in place, then its output quantization."""
         activation = step.operation
         arguments = [value] + [None if n is None else (values[n] if n in values else variables[n].value)
@@ -314,36 +345,61 @@ class NumpyExecutor:
                 low, high = activation.attributes.get("min"), activation.attributes.get("max")
             if low is not None or high is not None:
                 np.clip(value, low, high, out=value)
-        return self._quantize_outputs(activation, [value])
+        return self._quantize_outputs(activation, [value], step.outputs, grids, fresh=(True,))
 
     @staticmethod
-    def _quantize_inputs(operation: Operation, arguments: list) -> list:
+    def _quantize_inputs(operation: Operation, arguments: list, names: tuple = (), grids: dict | None = None
+                         ) -> list:
+        """The op's inputs through its input configs; a value whose name ``grids`` records on the grid a
+        config would quantize it to is passed as it is (the same array: nothing would change)."""
         config = operation.config
         if config is None:
             return arguments
-        return [apply_config(tqc, value) for tqc, value in
-                zip(config.input_quantization_config, arguments)] + arguments[len(config.input_quantization_config):]
+        quantized = list(arguments)
+        for index, (tqc, value) in enumerate(zip(config.input_quantization_config, arguments)):
+            name = names[index] if index < len(names) else None
+            if grids and name in grids and keeps_grid(tqc, grids[name]):
+                continue
+            quantized[index] = apply_config(tqc, value)
+        return quantized
 
     @staticmethod
-    def _quantize_outputs(operation: Operation, results: list) -> list:
+    def _quantize_outputs(operation: Operation, results: list, names: tuple = (), grids: dict | None = None,
+                          on_output_grid: bool = False, fresh: tuple = ()) -> list:
+        """The op's results through its output configs, recording in ``grids`` (by ``names``) the grid each
+        quantized one lies on; ``on_output_grid``: the results already lie on their configs' grids;
+        ``fresh[i]``: result i is the executor's own and is quantized in place."""
         config = operation.config
         if config is None:
             return results
-        return [apply_output_config(tqc, value) for tqc, value in
-                zip(config.output_quantization_config, results)] + list(results[len(config.output_quantization_config):])
+        quantized = list(results)
+        for index, (tqc, value) in enumerate(zip(config.output_quantization_config, results)):
+            key = grid_key(tqc)
+            if not (on_output_grid and key is not None and tqc.requantization is None):
+                in_place = index < len(fresh) and fresh[index]
+                quantized[index] = apply_output_config(tqc, value, in_place)
+            if grids is not None and index < len(names):
+                if key is None:
+                    grids.pop(names[index], None)
+                else:
+                    grids[names[index]] = key
+        return quantized
 
-    def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list) -> list:
-        """The op's raw results: its float kernel, or the deployment runtime's integer kernel where marked."""
+    def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list, argument_grids: tuple = ()
+                    ) -> tuple[list, bool]:
+        """The op's raw results: its float kernel, or the deployment runtime's integer kernel where marked;
+        and whether they already lie on the output configs' grids (the integer kernel's do)."""
         if self.runtime_kernels and wants_runtime_kernel(operation):
-            results = run_runtime_kernel(operation, kernel, arguments)
+            results = run_runtime_kernel(operation, kernel, arguments, argument_grids)
             if results is not None:
-                return results
-        return kernel(arguments)
+                return results, True
+        return kernel(arguments), False
 
     def run_operation(self, operation: Operation, inputs: list, quantized: bool = True) -> list:
         """Run one op on given input arrays (through its configs when ``quantized``)."""
         kernel = self._kernel(operation)
         if quantized:
             arguments = self._quantize_inputs(operation, list(inputs))
-            return self._quantize_outputs(operation, self._run_kernel(operation, kernel, arguments))
+            results, on_output_grid = self._run_kernel(operation, kernel, arguments)
+            return self._quantize_outputs(operation, results, on_output_grid=on_output_grid)
         return list(kernel(list(inputs)))

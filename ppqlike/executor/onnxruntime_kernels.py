@@ -45,6 +45,7 @@ from ..core.numerics import along_channel_axis
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..core.quant_graph import awaits_master, overlapped_root
 from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
+from .simulation import grid_key
 
 RUNTIME_KERNEL = RUNTIME_KERNEL_ONNXRUNTIME
 LINEAR_TYPES = frozenset({"Conv", "MatMul", "Gemm"})
@@ -75,40 +76,150 @@ def _per_tensor(config: TensorQuantizationConfig) -> bool:
     return np.size(config.scale) == 1
 
 
-def _integers(config: TensorQuantizationConfig, value) -> np.ndarray | None:
-    """q - z of a value already on ``config``'s grid, as float64 integers; None if it is not on the grid.
+def _integers(config: TensorQuantizationConfig, value, on_grid: bool = False) -> np.ndarray | None:
+    """q - z of a value already on ``config``'s grid, as integer-valued floats; None if it is not on the grid.
 
     A value is on the grid when the op producing it quantized it; it is not when that op ran in
     float (the error analyses run one op quantized at a time), and then the float kernel runs.
+    float32 values give float32 integers (exact: 8-bit codes), others float64.  value / S is within
+    a few float32 ulps of q - z, so the nearest integer is exact.  Per-tensor scales run block by
+    block (in cache), stopping at the first block off the grid.  ``on_grid``: the executor knows the
+    value lies on this grid (it quantized it so), and the check is skipped.
     """
     value = np.asarray(value)
-    scale = along_channel_axis(np.asarray(config.scale, np.float64), value.ndim, value.shape, config.channel_axis)
-    steps = value.astype(np.float64) / scale
-    integers = np.rint(steps)
-    if not np.all(np.abs(steps - integers) <= 1e-3 + 1e-6 * np.abs(integers)):  # float32 keeps ~7 digits
+    dtype = _F32 if value.dtype == _F32 else np.float64
+    scale = along_channel_axis(np.asarray(config.scale, dtype), value.ndim, value.shape, config.channel_axis)
+    if scale.ndim == 0 and value.size > _BLOCK:
+        return _integers_blockwise(np.ascontiguousarray(value), scale, dtype, check=not on_grid)
+    if on_grid and value.ndim:
+        integers = np.divide(value, scale, dtype=dtype)
+        return np.rint(integers, out=integers)
+    steps = np.divide(value, scale, dtype=dtype)
+    if steps.ndim == 0:  # a numpy scalar: give it an array to work in
+        steps = np.array(steps)
+    integers = np.rint(steps, out=np.empty_like(steps))
+    if integers.size and not _on_grid(steps, integers):
         return None
     return integers
 
 
-def _requantize(accumulator: np.ndarray, multiplier: np.ndarray, output: TensorQuantizationConfig,
-                clamp: bool = True) -> np.ndarray:
+_BLOCK = 1 << 15   # elements per block of the per-tensor path
+
+
+def _on_grid(steps: np.ndarray, integers: np.ndarray) -> bool:
+    """Whether value / S (``steps``, overwritten) is within float32 error of its nearest integers."""
+    np.subtract(steps, integers, out=steps)
+    worst = max(float(steps.max()), -float(steps.min()))
+    return worst <= 1e-3 + 1e-6 * _largest(integers)   # NaN: False
+
+
+def _integers_blockwise(value: np.ndarray, scale: np.ndarray, dtype, check: bool) -> np.ndarray | None:
+    integers = np.empty(value.shape, dtype)
+    source, target = value.reshape(-1), integers.reshape(-1)
+    scratch = np.empty(_BLOCK, dtype) if check else None
+    for start in range(0, source.size, _BLOCK):
+        block = target[start:start + _BLOCK]
+        steps = scratch[:block.size] if check else block
+        np.divide(source[start:start + _BLOCK], scale, out=steps)
+        np.rint(steps, out=block)
+        if check and not _on_grid(steps, block):
+            return None
+    return integers
+
+
+def _largest(integers: np.ndarray) -> float:
+    return max(float(integers.max()), -float(integers.min())) if integers.size else 0.0
+
+
+def _code_bound(config: TensorQuantizationConfig) -> float:
+    """The largest |q - z| a value quantized (and clamped) with ``config`` can hold."""
+    zero = _zero(config)
+    return float(max(config.quant_max - zero, zero - config.quant_min))
+
+
+def _exact_in_float32(operation: Operation, integers: list, largest_input: float) -> bool:
+    """Whether the op's integer accumulator is exact in float32 whatever the summation order.
+
+    Every partial sum is bounded by ``largest_input`` (max |x|) * max over output channels of sum |w|
+    (+ max |bias|); below
+    2^24 every one of them is an exactly representable integer, so float32 arithmetic (BLAS included)
+    computes the int32 accumulator exactly.
+    """
+    if integers[0].dtype != _F32 or integers[1].dtype != _F32:
+        return False
+    weight = integers[1]
+    if operation.type == "Conv":
+        per_output = np.abs(weight).reshape(weight.shape[0], -1).sum(axis=1, dtype=np.float64)
+    else:  # MatMul / Gemm: the contraction runs along the weight's first axis unless transB
+        axis = 1 if operation.type == "Gemm" and operation.attributes.get("transB", 0) else -2
+        per_output = np.abs(weight).sum(axis=axis, dtype=np.float64) if weight.ndim > 1 else np.abs(weight).sum()
+        if operation.type == "Gemm" and operation.attributes.get("transA", 0):
+            return False
+    bound = largest_input * float(np.max(per_output, initial=0.0))
+    if len(integers) > 2:
+        bound += _largest(integers[2])
+    return bound < 2.0 ** 24
+
+
+def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationConfig,
+                clamp: bool = True, axis: int | None = None) -> np.ndarray:
     """MLAS's requantization of an exact accumulator, then dequantized with ``output``.
 
-    ``clamp=False`` (the op's activation is fused after it) leaves the range to the activation op
-    and the quantization after it, so the op's own output keeps its pre-activation values.
+    q = clamp(rint(float32(acc) * M)) with M per channel along ``axis`` (a 1-D array) or one
+    value; ``clamp=False`` (the op's activation is fused after it) leaves the range to the
+    activation op and the quantization after it, so the op's own output keeps its pre-activation
+    values.  Works in place on a float32 ``accumulator``, a cache-sized block at a time.
     """
     zero = _zero(output)
-    q = np.rint(accumulator.astype(_F32) * multiplier)
-    if clamp:
-        q = np.clip(q, output.quant_min - zero, output.quant_max - zero)
-    return output.dequantize((q + zero).astype(np.int64))
+    fresh = accumulator.dtype == _F32 and accumulator.flags.writeable and accumulator.flags.c_contiguous
+    q = accumulator if fresh else np.ascontiguousarray(accumulator, dtype=_F32)
+    multiplier = np.asarray(multiplier, _F32).reshape(-1)
+    scale = np.asarray(output.scale)
+    if scale.dtype != _F32 or scale.size != 1 or (multiplier.size > 1 and axis is None):
+        q *= multiplier if multiplier.size == 1 else along_channel_axis(multiplier, q.ndim, q.shape, axis)
+        np.rint(q, out=q)
+        if clamp:
+            np.clip(q, output.quant_min - zero, output.quant_max - zero, out=q)
+        return output.dequantize((q + zero).astype(np.int64))
+    low, high = _F32(output.quant_min - zero), _F32(output.quant_max - zero)
+    scale = scale.reshape(())
+    for block, factor in _channel_blocks(q, multiplier, axis):
+        np.multiply(block, factor, out=block)
+        np.rint(block, out=block)
+        if clamp:
+            np.clip(block, low, high, out=block)
+        np.multiply(block, scale, out=block)   # S * (q - z): output.dequantize's float32 arithmetic
+    return q
 
 
-def _channel_multiplier(scale_in, scale_weight, scale_out, shape, axis: int) -> np.ndarray:
-    """float32(float32(S_in * S_w) / S_out), laid along the output's channel ``axis``."""
+def _channel_blocks(array: np.ndarray, factors: np.ndarray, axis: int | None):
+    """Cache-sized blocks of the contiguous ``array`` (views), each with its slice of the per-channel
+    ``factors`` along ``axis`` shaped to broadcast (or the one factor)."""
+    if factors.size == 1 or array.ndim == 0:
+        flat = array.reshape(-1)
+        for start in range(0, flat.size, _BLOCK):
+            yield flat[start:start + _BLOCK], factors.reshape(())
+        return
+    axis %= array.ndim
+    channels = array.shape[axis]
+    inner = int(np.prod(array.shape[axis + 1:], dtype=np.int64))
+    view = array.reshape(-1, channels, inner)
+    factors = factors.reshape(1, channels, 1)
+    if channels * inner >= _BLOCK:      # blocks of channels within one outer index
+        step = max(1, _BLOCK // max(inner, 1))
+        for outer in range(view.shape[0]):
+            for c0 in range(0, channels, step):
+                yield view[outer:outer + 1, c0:c0 + step], factors[:, c0:c0 + step]
+    else:                               # blocks of whole outer rows
+        step = max(1, _BLOCK // (channels * inner))
+        for outer in range(0, view.shape[0], step):
+            yield view[outer:outer + step], factors
+
+
+def _channel_multiplier(scale_in, scale_weight, scale_out) -> np.ndarray:
+    """float32(float32(S_in * S_w) / S_out), one value per output channel (or one)."""
     product = (_F32(scale_in) * np.asarray(scale_weight, _F32)).astype(_F32)
-    multiplier = (product / _F32(scale_out)).astype(_F32)
-    return along_channel_axis(multiplier, len(shape), shape, axis if multiplier.size > 1 else None)
+    return (product / _F32(scale_out)).astype(_F32).reshape(-1)
 
 
 def _output_axis(operation: Operation, rank: int) -> int:
@@ -122,7 +233,7 @@ def _fused(operation: Operation) -> bool:
     return own.state is QuantizationStates.OVERLAPPED
 
 
-def _linear(operation, kernel, arguments, configs, output):
+def _linear(operation, kernel, arguments, configs, output, on_grid):
     data, weight = configs[0], configs[1]
     if data is None or weight is None or not _per_tensor(data):
         return None
@@ -132,18 +243,21 @@ def _linear(operation, kernel, arguments, configs, output):
     bias_config = configs[2] if len(configs) > 2 else None
     if len(arguments) > 2 and arguments[2] is not None and bias_config is None:
         return None  # a float bias (kept FP32) is not what QLinearConv computes
-    integers = [_integers(data, arguments[0]), _integers(weight, arguments[1])]
-    if len(arguments) > 2 and arguments[2] is not None:
-        integers.append(_integers(bias_config, arguments[2]))
+    integers = [_integers(data, arguments[0], on_grid[0]), _integers(weight, arguments[1], on_grid[1])]
+    if len(arguments) > 2 and arguments[2] is not None:  # int32 codes: found in float64
+        integers.append(_integers(bias_config, np.asarray(arguments[2], np.float64)))
     if any(i is None for i in integers):
         return None
+    largest_input = _code_bound(data) if on_grid[0] else _largest(integers[0])
+    dtype = _F32 if _exact_in_float32(operation, integers, largest_input) else np.float64
+    integers = [i.astype(dtype, copy=False) for i in integers]
     integers += list(arguments[len(integers):])
     accumulator = kernel(integers)[0]
     axis = _output_axis(operation, accumulator.ndim)
     if np.size(weight.scale) not in (1, accumulator.shape[axis]):
         return None
-    multiplier = _channel_multiplier(data.scale, weight.scale, output.scale, accumulator.shape, axis)
-    return [_requantize(accumulator, multiplier, output, clamp=not _fused(operation))]
+    multiplier = _channel_multiplier(data.scale, weight.scale, output.scale)
+    return [_requantize(accumulator, multiplier, output, clamp=not _fused(operation), axis=axis)]
 
 
 def _fma(a, b, c) -> np.ndarray:
@@ -181,14 +295,14 @@ def qlinear_mul(qa, qb, scale_a, zero_a, scale_b, zero_b, scale_y, zero_y, quant
 def _binary(arithmetic: Callable, scalars: bool):
     """The kernel of a binary elementwise op on two per-tensor quantized operands (``scalars``: whether a
     one-element operand takes the same arithmetic inside onnxruntime)."""
-    def run(operation, kernel, arguments, configs, output):
+    def run(operation, kernel, arguments, configs, output, on_grid):
         if len(configs) < 2 or configs[0] is None or configs[1] is None:
             return None
         if not (_per_tensor(configs[0]) and _per_tensor(configs[1])):
             return None
         if not scalars and any(np.size(value) == 1 for value in arguments[:2]):
             return None
-        integers = [_integers(config, value) for config, value in zip(configs[:2], arguments[:2])]
+        integers = [_integers(config, value, known) for config, value, known in zip(configs[:2], arguments[:2], on_grid)]
         if any(i is None for i in integers):
             return None
         (a, b), zeros = integers, [_zero(config) for config in configs[:2]]
@@ -206,15 +320,15 @@ def _zero(config: TensorQuantizationConfig) -> int:
     return int(np.asarray(config.offset).reshape(-1)[0])
 
 
-def _global_average_pool(operation, kernel, arguments, configs, output):
+def _global_average_pool(operation, kernel, arguments, configs, output, on_grid):
     data = configs[0]
     if data is None or not _per_tensor(data):
         return None
-    integers = _integers(data, arguments[0])
+    integers = _integers(data, arguments[0], on_grid[0])
     if integers is None:
         return None
     positions = int(np.prod(integers.shape[2:]))
-    accumulator = integers.sum(axis=tuple(range(2, integers.ndim)), keepdims=True)
+    accumulator = integers.sum(axis=tuple(range(2, integers.ndim)), keepdims=True, dtype=np.float64)
     multiplier = _F32(_F32(data.scale) / _F32(_F32(output.scale) * _F32(positions)))
     return [_requantize(accumulator, multiplier, output)]
 
@@ -223,12 +337,15 @@ _KERNELS: dict[str, Callable] = {"Conv": _linear, "MatMul": _linear, "Gemm": _li
                                  "Mul": _mul, "GlobalAveragePool": _global_average_pool}
 
 
-def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequence) -> list | None:
+def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequence,
+                       argument_grids: Sequence = ()) -> list | None:
     """The op's outputs as onnxruntime's integer kernel computes them, or None where it does not apply.
 
     ``arguments`` are the op's inputs after its input configs (already
-    quantized values); the result is dequantized float32, already on the
-    output grid of the quantizing config.
+    quantized values); ``argument_grids[i]``, where given, is the grid key
+    (``simulation.grid_key``) of the config that last quantized argument i.
+    The result is dequantized float32, already on the output grid of the
+    quantizing config.
     """
     config = operation.config
     output = _root(config.output_quantization_config[0])
@@ -237,4 +354,7 @@ def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequen
     configs = [_root(c) for c in config.input_quantization_config]  # each kernel checks the ones it needs
     if output.num_of_bits > 8 or any(c is not None and c.num_of_bits > 8 for c in configs[:2]):
         return None  # onnxruntime's integer kernels take 8-bit tensors; 16-bit QDQ groups run in float
-    return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output)
+    on_grid = [index < len(argument_grids) and config is not None and argument_grids[index] is not None
+               and argument_grids[index] == grid_key(config) for index, config in enumerate(configs)]
+    on_grid += [False] * (len(arguments) - len(on_grid))
+    return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output, on_grid)

@@ -22,20 +22,50 @@ from ..core import numerics
 from ..core.ir import Graph
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
+from ..core.rounding import RoundingPolicy
+
+#: policies under which fake-quantizing a value already on the grid gives it back unchanged
+#: (x / S lies within a few ulps of an integer, and these round that to the integer)
+_NEAREST = frozenset({RoundingPolicy.ROUND_HALF_EVEN, RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO,
+                      RoundingPolicy.ROUND_HALF_TOWARDS_ZERO, RoundingPolicy.ROUND_HALF_UP,
+                      RoundingPolicy.ROUND_HALF_DOWN})
 
 
-def apply_config(config: TensorQuantizationConfig | None, value):
-    """The value an op sees through ``config`` (see the module docstring)."""
+def apply_config(config: TensorQuantizationConfig | None, value, in_place: bool = False):
+    """The value an op sees through ``config`` (see the module docstring); ``in_place``: ``value`` is
+    the executor's own float array and may be overwritten by its fake quantization."""
     if config is None or value is None:
         return value
     state = config.state
     if is_applied(state):
         if awaits_master(config):
             return value
-        return config.fake_quantize(value)
+        return config.fake_quantize(value, out=value if in_place else None)
     if is_baked(state) and config.baked_value is not None:
         return config.baked_value
     return value
+
+
+def grid_key(config: TensorQuantizationConfig | None) -> tuple | None:
+    """What identifies the grid ``config`` puts values on (scale, offset, range, axis), or None when it
+    does not quantize them (not applied, or a grid too wide for the idempotence below).
+
+    The executor remembers the key of the config that last quantized each value: a reader whose
+    config has the same key and rounds to nearest would give the value back unchanged, since
+    fake_quantize(fake_quantize(x)) == fake_quantize(x) bit for bit when |q - z| < 2^21.
+    """
+    if config is None or not is_applied(config.state) or awaits_master(config):
+        return None
+    if config.quant_max - config.quant_min >= 1 << 21:
+        return None
+    scale, offset = np.asarray(config.scale), np.asarray(config.offset)
+    axis = config.channel_axis if scale.ndim else None
+    return scale.dtype.str, scale.tobytes(), offset.tobytes(), config.quant_min, config.quant_max, axis
+
+
+def keeps_grid(config: TensorQuantizationConfig | None, key: tuple | None) -> bool:
+    """Whether quantizing a value that lies on grid ``key`` with ``config`` leaves it unchanged."""
+    return key is not None and config is not None and config.rounding in _NEAREST and grid_key(config) == key
 
 
 def requantize_output(config: TensorQuantizationConfig, value):
@@ -60,12 +90,12 @@ def requantize_output(config: TensorQuantizationConfig, value):
     return numerics.dequantize(q, config.scale, config.offset)
 
 
-def apply_output_config(config: TensorQuantizationConfig | None, value):
+def apply_output_config(config: TensorQuantizationConfig | None, value, in_place: bool = False):
     """The value an op's output takes through ``config``: integer requantization where configured."""
     if value is not None and config is not None and config.requantization is not None \
             and quantizes(config, "output"):
         return requantize_output(config, value)
-    return apply_config(config, value)
+    return apply_config(config, value, in_place)
 
 
 @contextmanager
