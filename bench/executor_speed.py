@@ -3,6 +3,7 @@
     python bench/executor_speed.py                    # whole models, batch 16, 2 threads
     python bench/executor_speed.py --per-layer        # every Conv alone: where the time goes
     python bench/executor_speed.py --models mobilenetv2 --iterations 5 --threads 2
+    python bench/executor_speed.py --simulation       # quantization simulation of every platform vs FP32
 
 Both sides get the same number of threads, T (``--threads``, default 2):
 onnxruntime through ``intra_op_num_threads`` (and ``inter_op_num_threads``);
@@ -74,6 +75,11 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--openblas-coretype", default="auto",
                         help="OPENBLAS_CORETYPE to set ('auto': SkylakeX on AVX-512 CPUs; 'none': leave it)")
     parser.add_argument("--verbose", action="store_true", help="per-layer mode: print every layer")
+    parser.add_argument("--simulation", nargs="*", metavar="PLATFORM",
+                        help="time the quantization simulation of these platforms (none named: all nine) "
+                             "against the FP32 executor, each quantized with the plain recipe on "
+                             "--calibration-images calibration images")
+    parser.add_argument("--calibration-images", type=int, default=16)
     return parser.parse_args()
 
 
@@ -129,7 +135,9 @@ def main() -> int:
     print(f"onnxruntime {onnxruntime.__version__}, numpy {np.__version__}, batch {args.batch}, "
           f"{args.iterations} timed runs each, best run reported\n")
     for name in args.models:
-        if args.per_layer:
+        if args.simulation is not None:
+            _simulation(name, bench_dir, args)
+        elif args.per_layer:
             _per_layer(name, bench_dir, args)
         else:
             _whole_model(name, bench_dir, args)
@@ -222,6 +230,39 @@ def _whole_model(name: str, bench_dir: Path, args) -> None:
     print(f"  onnxruntime {rate['onnxruntime']:8.1f} images/s  ({best['onnxruntime'] * 1e3:7.1f} ms/batch)")
     print(f"  ratio ppqlike/onnxruntime {rate['ppqlike'] / rate['onnxruntime']:.2f}; "
           f"max |difference| / max |output| = {difference.max():.2e}; top-1 agreement {agree:.3f}\n")
+
+
+# -------------------------------------------------------------- simulation --
+def _simulation(name: str, bench_dir: Path, args) -> None:
+    """Forward time of each platform's quantized graph against the FP32 graph, same executor, same batch."""
+    import warnings
+
+    import numpy as np
+    import ppqlike
+    from ppqlike.io.images import load_image_folder
+    from ppqlike.platforms.policies import PLATFORM_POLICIES
+
+    platforms = args.simulation or [platform.name for platform in PLATFORM_POLICIES]
+    file, input_name, options = MODELS[name]
+    path = str(bench_dir / "models" / file)
+    input_name, batch, source = _inputs(name, bench_dir, args, np)
+    calibration, _ = load_image_folder(bench_dir / "images" / "calib", limit=args.calibration_images, **options)
+    calibration = [np.ascontiguousarray(calibration, dtype=np.float32)]
+    fp32 = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(path))
+    print(f"{name} ({source}, batch {args.batch}; each platform quantized with the plain recipe on "
+          f"{len(calibration[0])} calibration images):")
+    for platform in platforms:
+        setting = ppqlike.QuantizationSettingFactory.for_platform(platform, recipe="plain")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph = ppqlike.quantize_onnx_model(path, calibration, platform=platform, setting=setting)
+        simulated = ppqlike.NumpyExecutor(graph)
+        best = _interleaved({"fp32": lambda: fp32.forward({input_name: batch}),
+                             "simulation": lambda: simulated.forward({input_name: batch})},
+                            args.iterations, args.warmup)
+        print(f"  {platform:14s} FP32 {best['fp32'] * 1e3:8.1f} ms  simulation {best['simulation'] * 1e3:8.1f} ms"
+              f"  ratio {best['simulation'] / best['fp32']:5.2f}", flush=True)
+    print()
 
 
 # --------------------------------------------------------------- per layer --

@@ -256,6 +256,21 @@ def test_conv_transpose_1d_and_3d():
     _deconv((1, 2, 4, 3, 5), (2, 3, 2, 3, 2), strides=[2, 1, 2], pads=[0, 1, 0, 0, 1, 1])
 
 
+@pytest.mark.parametrize("w_shape, attributes", [
+    ((3, 4, 4, 4), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),          # the ViT decoder's upsampling
+    ((3, 4, 2, 2), {"strides": [2, 2]}),                                # no overlap: one tap per phase
+    ((3, 2, 6, 4), {"strides": [3, 2], "pads": [2, 1, 1, 0]}),
+    ((3, 4, 4, 4), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((3, 4, 4, 2), {"strides": [2, 1], "output_shape": [12, 6]}),
+    ((6, 2, 4, 4), {"strides": [2, 2], "pads": [1, 2, 0, 1], "group": 3}),
+    ((3, 4, 4, 4), {"strides": [2, 2], "pads": [3, 3, 2, 2]}),          # a crop no padding expresses
+])
+def test_conv_transpose_by_sub_pixel_phases(w_shape, attributes):
+    """Kernels whose sides are multiples of the strides run as one convolution per output phase (the
+    crop as its padding, the bias in its GEMM); crops too deep for that take the scatter path."""
+    _deconv((2, w_shape[0], 6, 5), w_shape, **attributes)
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 def test_conv_transpose_split_over_threads(threads):
     _threads.set_num_threads(threads)

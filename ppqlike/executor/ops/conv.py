@@ -214,23 +214,13 @@ def _build_conv_transpose(op, opset: int) -> Kernel:
         cig = ci // group
         positions = int(np.prod(spatial))
         taps = int(np.prod(ks))
-        buffer = np.zeros((n, co, *[max(f, 1) for f in full]), dtype)
-        x3 = x.reshape(n, ci, positions).astype(dtype, copy=False)
-        weights = [w[g * cig:(g + 1) * cig].reshape(cig, cog * taps).astype(dtype, copy=False).T
-                   for g in range(group)]
-
-        def scatter(images):   # images [n0, n1): their GEMMs, and the taps added into the buffer
-            n0, n1 = images
-            for g in range(group):
-                cols = np.matmul(weights[g], x3[n0:n1, g * cig:(g + 1) * cig])   # [n, cog*taps, positions]
-                cols = cols.reshape(n1 - n0, cog, *ks, *spatial)
-                for index in itertools.product(*[range(k) for k in ks]):
-                    target = tuple(slice(j * d, j * d + s * (i - 1) + 1, s)
-                                   for j, d, s, i in zip(index, dilations, strides, spatial))
-                    region = buffer[(slice(n0, n1), slice(g * cog, (g + 1) * cog)) + target]
-                    np.add(region, cols[(slice(None), slice(None)) + index], out=region)
-
-        _threads.parallel(scatter, _threads.split_evenly(n, _threads.num_threads()))
+        if _by_phases(rank, ks, strides, dilations, adjust, begin, sizes, spatial):
+            out = _transpose_by_phases(np.ascontiguousarray(x, dtype=dtype), w.astype(dtype, copy=False),
+                                       None if b is None else b.astype(dtype, copy=False), strides, group,
+                                       begin, sizes)
+            return [out.astype(x.dtype, copy=False)]
+        buffer = _transpose_by_scatter(x.reshape(n, ci, positions).astype(dtype, copy=False), w, group, ks,
+                                       strides, dilations, spatial, full, dtype)
         out = np.zeros((n, co, *sizes), dtype)
         source, dest = [], []
         for start, size, extent in zip(begin, sizes, full):
@@ -242,6 +232,78 @@ def _build_conv_transpose(op, opset: int) -> Kernel:
             out += b.astype(dtype, copy=False).reshape((co,) + (1,) * rank)
         return [out.astype(x.dtype, copy=False)]
     return kernel
+
+
+def _phase_pads(size: int, begin: int, stride: int, taps: int, extent: int, phase: int):
+    """For output phase ``phase`` (outputs phase, phase + stride, ...) of a cropped ConvTranspose axis:
+    (kernel phase, pad before, pad after) of the ordinary convolution that computes exactly those
+    outputs, or None when a pad would be negative.  Output o is full index o + begin, whose kernel
+    phase is (o + begin) % stride, at step (o + begin) // stride of that phase's convolution, which
+    starts ``taps`` - 1 positions before the input."""
+    count = -(-(size - phase) // stride)
+    first = (phase + begin) // stride
+    before = taps - 1 - first
+    after = count - extent - before + taps - 1
+    return ((phase + begin) % stride, before, after) if before >= 0 and after >= 0 and count > 0 else None
+
+
+def _by_phases(rank, ks, strides, dilations, adjust, begin, sizes, spatial) -> bool:
+    """Whether the sub-pixel form applies: 2-D, no dilation or output padding, each kernel side a
+    multiple of its stride (4x4 stride 2, 2x2 stride 2, ...), and a crop it can express as padding."""
+    if rank != 2 or any(d != 1 for d in dilations) or any(adjust) or any(k % s for k, s in zip(ks, strides)):
+        return False
+    return all(_phase_pads(size, start, s, k // s, extent, phase) is not None
+               for size, start, s, k, extent in zip(sizes, begin, strides, ks, spatial) for phase in range(s))
+
+
+def _transpose_by_phases(x: np.ndarray, w: np.ndarray, b, strides, group: int, begin, sizes) -> np.ndarray:
+    """A 2-D ConvTranspose (kernel sides multiples of the strides) as s_h * s_w ordinary convolutions.
+
+    The full output's phase (p, q), full[s_h u + p, s_w v + q], sums x[u - a, v - b] w[p + s_h a,
+    q + s_w b] over a < m_h = k_h / s_h, b < m_w: a convolution (cross-correlation) of x, padded by
+    m - 1, with the kernel w[p::s_h, q::s_w] reversed.  The crop becomes padding (``_phase_pads``) and
+    the bias rides in each GEMM, so every output phase is written once, by the fast im2col path
+    (patches in cache, on the threads); no column matrix is scattered.
+    """
+    n, ci = x.shape[:2]
+    (sh, sw), (kh, kw) = strides, w.shape[2:]
+    cig, cog = ci // group, w.shape[1]
+    # as a Conv weight [Co, Ci/group, kh, kw]
+    forward = w.reshape(group, cig, cog, kh, kw).transpose(0, 2, 1, 3, 4).reshape(group * cog, cig, kh, kw)
+    out = np.empty((n, group * cog, *sizes), x.dtype)
+    for r in range(sh):
+        p, top, bottom = _phase_pads(sizes[0], begin[0], sh, kh // sh, x.shape[2], r)
+        for c in range(sw):
+            q, left, right = _phase_pads(sizes[1], begin[1], sw, kw // sw, x.shape[3], c)
+            kernel = np.ascontiguousarray(forward[:, :, p::sh, q::sw][:, :, ::-1, ::-1])
+            out[:, :, r::sh, c::sw] = _conv_fast.im2col(x, kernel, b, (top, left, bottom, right), (1, 1), (1, 1),
+                                                        group, x.dtype)
+    return out
+
+
+def _transpose_by_scatter(x3, w, group, ks, strides, dilations, spatial, full, dtype) -> np.ndarray:
+    """Any ConvTranspose: one GEMM per group giving every tap's contribution (columns), added into the
+    full output at the tap's strided offsets (col2im)."""
+    n = x3.shape[0]
+    cig, cog = x3.shape[1] // group, w.shape[1]
+    co, taps = cog * group, int(np.prod(ks))
+    buffer = np.zeros((n, co, *[max(f, 1) for f in full]), dtype)
+    weights = [w[g * cig:(g + 1) * cig].reshape(cig, cog * taps).astype(dtype, copy=False).T
+               for g in range(group)]
+
+    def scatter(images):   # images [n0, n1): their GEMMs, and the taps added into the buffer
+        n0, n1 = images
+        for g in range(group):
+            cols = np.matmul(weights[g], x3[n0:n1, g * cig:(g + 1) * cig])   # [n, cog*taps, positions]
+            cols = cols.reshape(n1 - n0, cog, *ks, *spatial)
+            for index in itertools.product(*[range(k) for k in ks]):
+                target = tuple(slice(j * d, j * d + s * (i - 1) + 1, s)
+                               for j, d, s, i in zip(index, dilations, strides, spatial))
+                region = buffer[(slice(n0, n1), slice(g * cog, (g + 1) * cog)) + target]
+                np.add(region, cols[(slice(None), slice(None)) + index], out=region)
+
+    _threads.parallel(scatter, _threads.split_evenly(n, _threads.num_threads()))
+    return buffer
 
 
 def _transpose_geometry(attrs, op, output_shape, spatial, full, strides, rank):
