@@ -183,3 +183,21 @@ def test_hardmax_matches_onnxruntime(opset, axis):
     x = _float([2, 3, 4, 5])
     x[0, 1, 2, :] = 7.0  # ties: the first largest wins
     assert_matches_onnxruntime("Hardmax", {"x": x}, {"axis": axis}, opset=opset, exact=True)
+
+
+@pytest.mark.parametrize("op, opset, attributes", [("Softmax", 13, {}), ("LogSoftmax", 13, {}),
+                                                    ("Softmax", 11, {"axis": 3}), ("Erf", 13, {}),
+                                                    ("Gelu", 20, {})])
+def test_large_tensors_on_the_kernel_threads(op, opset, attributes):
+    """Attention-sized Softmax rows and MLP-sized Erf/Gelu blocks shared out among 2 and 3 threads
+    (uneven splits) give onnxruntime's values."""
+    from ppqlike.executor.ops import _threads
+    x = _float([2, 3, 97, 197]) * 4   # 114,654 elements: several row blocks, one to three Erf blocks
+    if op != "Softmax" or opset != 11:
+        x = np.concatenate([x, x[:1] * 0.5])
+    for threads in (2, 3):
+        _threads.set_num_threads(threads)
+        try:
+            assert_matches_onnxruntime(op, {"x": x}, attributes, opset=opset, rtol=1e-5, atol=1e-6)
+        finally:
+            _threads.set_num_threads(None)

@@ -11,10 +11,12 @@ import math
 
 import numpy as np
 
+from ._threads import num_threads, parallel, split_evenly
 from .arithmetic import _erf_fast, blockwise, erfc
 from .base import Kernel, attribute, by_opset, normalize_axis, unary, unsupported
 
 _QUIET = dict(all="ignore")
+_ROWS_BLOCK = 1 << 15   # elements per block of Softmax rows on the threads
 
 
 def _optional(inputs, index: int):
@@ -129,18 +131,34 @@ def _softmax_kernel(op, axes_of) -> Kernel:
     """exp(x - max) / sum(exp(x - max)) over ``axes_of(x)``; LogSoftmax: x - max - log(sum(exp(x - max)))."""
     log = op.type == "LogSoftmax"
 
-    def kernel(inputs):
-        x = inputs[0]
-        axes = axes_of(x)
+    def normalize(x, out, axes):
         with np.errstate(**_QUIET):
-            shifted = np.subtract(x, np.max(x, axis=axes, keepdims=True), out=np.empty_like(x))
+            shifted = np.subtract(x, np.max(x, axis=axes, keepdims=True), out=out)
             if log:
                 total = np.sum(np.exp(shifted), axis=axes, keepdims=True)
                 shifted -= np.log(total, out=total)
-                return [shifted]
+                return
             np.exp(shifted, out=shifted)
             shifted /= np.sum(shifted, axis=axes, keepdims=True)
-            return [shifted]
+
+    def kernel(inputs):
+        x = inputs[0]
+        axes = axes_of(x)
+        out = np.empty_like(x)
+        last = axes in (x.ndim - 1, -1, (x.ndim - 1,))
+        if not last or x.size < 2 * _ROWS_BLOCK or num_threads() < 2 or not x.flags.c_contiguous:
+            normalize(x, out, axes)
+            return [out]
+        # rows along the last axis are independent: blocks of them on the kernel threads, in cache
+        rows, flat_out = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
+        step = max(1, _ROWS_BLOCK // max(x.shape[-1], 1))
+        blocks = range(0, rows.shape[0], step)
+
+        def run(part):
+            for start in blocks[part[0]:part[1]]:
+                normalize(rows[start:start + step], flat_out[start:start + step], -1)
+        parallel(run, split_evenly(len(blocks), num_threads()))
+        return [out]
     return kernel
 
 

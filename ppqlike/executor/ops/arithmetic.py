@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
+from ._threads import num_threads, parallel, split_evenly
 from .base import Kernel, attribute, binary, unary, unsupported
 
 _ERRSTATE = dict(all="ignore")  # overflow/inf/nan results are data, not errors
@@ -189,19 +190,30 @@ def _erf_fast(x: np.ndarray, scale: float = 1.0) -> np.ndarray:
     return out.reshape(shape)
 
 
-_BLOCK = 1 << 15  # elements per block: keeps multi-pass float64 work inside the L2 cache
+_BLOCK = 1 << 15           # elements per block: keeps multi-pass float64 work inside the L2 cache
+_THREAD_BLOCK = 1 << 17    # elements per block when blocks run on several threads
 
 
 def blockwise(x: np.ndarray, compute, dtype) -> np.ndarray:
     """``compute`` applied to consecutive flat blocks of ``x``, results stored as ``dtype``.
 
     For elementwise functions made of many numpy passes: working block by block
-    keeps temporaries in cache (2-3x faster on large activations).
+    keeps temporaries in cache (2-3x faster on large activations).  With several
+    kernel threads the blocks are larger and shared out among them (numpy
+    releases the GIL inside each pass; larger blocks make fewer, longer passes,
+    so the threads rarely wait for it: Erf on a ViT-S MLP activation 31-36 ms ->
+    18-20 ms on 2 threads).
     """
-    flat = x.reshape(-1)
+    flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty(flat.shape, dtype)
-    for start in range(0, flat.size, _BLOCK):
-        out[start:start + _BLOCK] = compute(flat[start:start + _BLOCK])
+    threads = num_threads()
+    size = _THREAD_BLOCK if threads > 1 and flat.size > _THREAD_BLOCK else _BLOCK
+    starts = range(0, flat.size, size)
+
+    def run(part):
+        for start in starts[part[0]:part[1]]:
+            out[start:start + size] = compute(flat[start:start + size])
+    parallel(run, split_evenly(len(starts), threads) if size == _THREAD_BLOCK else [(0, len(starts))])
     return out.reshape(x.shape)
 
 
