@@ -105,3 +105,17 @@ def test_lp_pool(p):
 @pytest.mark.parametrize("shape", [(2, 5, 7, 7), (2, 4, 9), (1, 3, 2, 3, 4)])
 def test_global_pools(op_type, shape):
     assert_matches_onnxruntime(op_type, {"x": _data(*shape)}, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("op, attributes", [("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2]}),
+                                            ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})])
+def test_plane_chunks_on_the_kernel_threads(op, attributes):
+    """SqueezeNet's first pooling geometry on several plane chunks, shared out among 2 and 3 threads."""
+    from ppqlike.executor.ops import _threads
+    x = np.random.default_rng(8).standard_normal((3, 40, 61, 61)).astype(np.float32)
+    for threads in (2, 3):
+        _threads.set_num_threads(threads)
+        try:
+            assert_matches_onnxruntime(op, {"x": x}, attributes, rtol=1e-6, atol=1e-6)
+        finally:
+            _threads.set_num_threads(None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ._threads import num_threads, parallel, split_evenly
 from .base import Kernel, attribute, unsupported
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -98,7 +99,8 @@ def _reduce_axes(x: np.ndarray, outs, window: _Window, ufunc) -> np.ndarray:
     """Reduce every window of (padded) ``x`` with ``ufunc``, one spatial axis at a time.
 
     The (N, C) planes are processed a chunk at a time, so that the partly
-    reduced intermediate is still in cache for the next axis.
+    reduced intermediate is still in cache for the next axis; the chunks are
+    shared out among the kernel threads.
     """
     n, c = x.shape[:2]
     spatial = x.shape[2:]
@@ -106,27 +108,35 @@ def _reduce_axes(x: np.ndarray, outs, window: _Window, ufunc) -> np.ndarray:
     result = np.empty((n * c,) + tuple(outs), x.dtype)
     step = max(1, _CHUNK // max(1, int(np.prod(spatial))))
     order = sorted(range(len(outs)), key=lambda a: -window.strides[a])  # shrink the most first
-    for p0 in range(0, n * c, step):
-        p1 = min(n * c, p0 + step)
-        current = planes[p0:p1]
-        for number, axis in enumerate(order):
-            k, s, d, out = window.kernel[axis], window.strides[axis], window.dilations[axis], outs[axis]
-            index = [slice(None)] * current.ndim
-            taps = []
-            for j in range(k):
-                index[axis + 1] = slice(j * d, j * d + (out - 1) * s + 1, s)
-                taps.append(current[tuple(index)])
-            target = result[p0:p1] if number == len(order) - 1 else None
-            if k == 1:
-                reduced = taps[0].copy() if target is None else target
-                if target is not None:
-                    np.copyto(target, taps[0])
-            else:
-                reduced = ufunc(taps[0], taps[1], out=target)
-                for tap in taps[2:]:
-                    ufunc(reduced, tap, out=reduced)
-            current = reduced
+    chunks = range(0, n * c, step)
+
+    def run(part):
+        for p0 in chunks[part[0]:part[1]]:
+            _reduce_chunk(planes, result, p0, min(n * c, p0 + step), order, outs, window, ufunc)
+    parallel(run, split_evenly(len(chunks), num_threads()))
     return result.reshape((n, c) + tuple(outs))
+
+
+def _reduce_chunk(planes, result, p0, p1, order, outs, window: _Window, ufunc) -> None:
+    """Planes [p0, p1) of ``_reduce_axes``, one spatial axis after the other, into ``result``."""
+    current = planes[p0:p1]
+    for number, axis in enumerate(order):
+        k, s, d, out = window.kernel[axis], window.strides[axis], window.dilations[axis], outs[axis]
+        index = [slice(None)] * current.ndim
+        taps = []
+        for j in range(k):
+            index[axis + 1] = slice(j * d, j * d + (out - 1) * s + 1, s)
+            taps.append(current[tuple(index)])
+        target = result[p0:p1] if number == len(order) - 1 else None
+        if k == 1:
+            reduced = taps[0].copy() if target is None else target
+            if target is not None:
+                np.copyto(target, taps[0])
+        else:
+            reduced = ufunc(taps[0], taps[1], out=target)
+            for tap in taps[2:]:
+                ufunc(reduced, tap, out=reduced)
+        current = reduced
 
 
 def _check_float(op, x: np.ndarray):
