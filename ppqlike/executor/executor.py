@@ -22,6 +22,7 @@ import numpy as np
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
+from ..core.quant_graph import overlapped_root
 from .ops import Kernel, build_kernel
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .simulation import apply_config, apply_output_config, grid_key, keeps_grid
@@ -282,7 +283,10 @@ class NumpyExecutor:
             partner = plan.fusions.get(index) if not hooks else None
             if partner is not None and self._fusable(operation, plan.steps[partner].operation, results[0]):
                 activation = plan.steps[partner]
-                results = self._activate_in_place(activation, results[0], values, variables, grids)
+                lies_on = None   # the grid the integer kernel left the (unclamped) result on
+                if on_output_grid and operation.config is not None:
+                    lies_on = grid_key(overlapped_root(operation.config.output_quantization_config[0]))
+                results = self._activate_in_place(activation, results[0], values, variables, grids, lies_on)
                 fused_into[partner] = True
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
@@ -330,21 +334,38 @@ class NumpyExecutor:
                    for c in between)
 
     def _activate_in_place(self, step: _Step, value: np.ndarray, values: dict, variables: dict,
-                           grids: dict) -> list:
-        """Apply a Relu/Clip step to ``value`` in place, then its output quantization."""
+                           grids: dict, lies_on: tuple | None = None) -> list:
+        """Apply a Relu/Clip step to ``value`` in place, then its output quantization.
+
+        ``lies_on``: the grid key ``value`` lies on, unclamped (an integer kernel put it there).  When
+        the activation's output config quantizes to that grid, quantize(clip(v, lo, hi)) equals
+        clip(v, quantize(lo), quantize(hi)) for every v on it (quantization is monotone and leaves
+        grid points in range unchanged), so one clip does both.
+        """
         activation = step.operation
         arguments = [value] + [None if n is None else (values[n] if n in values else variables[n].value)
                                for n in step.inputs[1:]]
         arguments = self._quantize_inputs(activation, arguments)
         if activation.type == "Relu":
-            np.maximum(value, 0, out=value)
+            low, high = 0.0, None
         else:
             low = None if len(arguments) < 2 or arguments[1] is None else arguments[1]
             high = None if len(arguments) < 3 or arguments[2] is None else arguments[2]
             if self.graph.opset < 11:
                 low, high = activation.attributes.get("min"), activation.attributes.get("max")
-            if low is not None or high is not None:
-                np.clip(value, low, high, out=value)
+        output = activation.config.output_quantization_config[0] \
+            if activation.config is not None and activation.config.output_quantization_config else None
+        if lies_on is not None and output is not None and output.requantization is None \
+                and keeps_grid(output, lies_on):
+            bounds = output.fake_quantize(np.array([-np.inf if low is None else float(low),
+                                                    np.inf if high is None else float(high)], np.float32))
+            np.clip(value, bounds[0], bounds[1], out=value)
+            grids[step.outputs[0]] = lies_on
+            return [value]
+        if activation.type == "Relu":
+            np.maximum(value, 0, out=value)
+        elif low is not None or high is not None:
+            np.clip(value, low, high, out=value)
         return self._quantize_outputs(activation, [value], step.outputs, grids, fresh=(True,))
 
     @staticmethod
