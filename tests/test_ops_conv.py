@@ -40,14 +40,17 @@ def test_pointwise_strided_padded(strides, pads):
     _conv((2, 6, 9, 8), (5, 6, 1, 1), strides=strides, pads=pads)
 
 
-@pytest.fixture(params=["default", "rows", "flat"])
+@pytest.fixture(params=["default", "rows", "flat", "channels_last"])
 def depthwise_path(request, monkeypatch):
-    """Run a test under every depthwise strategy: the default choice by map size, always one row per
-    channel over a padded copy ("rows"), always flat with per-position weights ("flat")."""
-    if request.param == "rows":
-        monkeypatch.setattr(_conv_depthwise, "_EXPAND_BELOW", 0)
-    elif request.param == "flat":
-        monkeypatch.setattr(_conv_depthwise, "_EXPAND_BELOW", 10 ** 9)
+    """Run a test under every depthwise strategy: the default choice by channels and map size, always one
+    row per channel over a padded copy ("rows"), always flat with per-position weights ("flat"), always
+    one einsum per image in channels-last layout ("channels_last")."""
+    if request.param in ("rows", "flat"):
+        monkeypatch.setattr(_conv_depthwise, "_CHANNELS_LAST_MIN", 10 ** 9)
+        monkeypatch.setattr(_conv_depthwise, "_EXPAND_BELOW", 0 if request.param == "rows" else 10 ** 9)
+    elif request.param == "channels_last":
+        monkeypatch.setattr(_conv_depthwise, "_CHANNELS_LAST_MIN", 1)
+        monkeypatch.setattr(_conv_depthwise, "_CHANNELS_LAST_MAX_MAP", 10 ** 9)
     return request.param
 
 
@@ -121,8 +124,16 @@ def test_depthwise_thread_counts(threads):
     _threads.set_num_threads(threads)
     try:
         _conv((5, 7, 10, 10), (7, 1, 3, 3), group=7, pads=[1, 1, 1, 1])
+        _conv((5, 96, 14, 14), (96, 1, 5, 5), group=96, pads=[2, 2, 2, 2])   # channels-last, images split
     finally:
         _threads.set_num_threads(None)
+
+
+@pytest.mark.parametrize("k,stride,bias", [(3, 1, True), (3, 2, False), (5, 1, True), (5, 2, True)])
+def test_depthwise_mobile_layers_channels_last(k, stride, bias):
+    """MobileNetV2 / EfficientNet-sized late layers (many channels, small maps): the default takes the
+    channels-last path there."""
+    _conv((4, 96, 14, 14), (96, 1, k, k), bias=bias, group=96, strides=[stride, stride], pads=[k // 2] * 4)
 
 
 @pytest.mark.parametrize("ci,k,stride", [(3, 3, 2), (16, 3, 1), (32, 5, 1), (12, 3, 2)])
