@@ -27,7 +27,7 @@ _EXPAND_BELOW = 3000      # positions per channel below which weights are expand
 _CHUNK_IMAGES = 1 << 16   # elements per chunk when several images share one (small maps)
 _CHUNK_PADDED = 1 << 16   # elements per chunk of the padded method (large maps, long rows)
 _CHANNELS_LAST_MIN = 64   # channels from which maps of at most _CHANNELS_LAST_MAX_MAP positions ...
-_CHANNELS_LAST_MAX_MAP = 56 * 56   # ... are convolved channels-last in one einsum per image
+_CHANNELS_LAST_MAX_MAP = 60 * 60   # ... are convolved channels-last in one einsum per image (EfficientNet pads 56 to 58-59)
 
 
 def _run_split(run, images: int, blocks: int) -> None:
@@ -77,7 +77,7 @@ def _depthwise_channels_last(x, w, b, pads, strides, dilations, dtype, ho, wo) -
     border is written once per thread); a strided view [Ho, Wo, kh, kw, C] of it contracts with the
     weights [kh, kw, C] in a single pass (``einsum``, which releases the GIL: the images run on the
     kernel threads), and the [Ho, Wo, C] result is transposed back.  About twice as fast as the
-    shifted multiply-adds on maps up to 56x56 with many channels (MobileNetV2's 14x14 layers:
+    shifted multiply-adds on maps up to about 60x60 with many channels (MobileNetV2's 14x14 layers:
     4.9 -> 2.6 ms; EfficientNet's 5x5 ones: 11.0 -> 4.9 ms), slower on large maps of few channels.
     """
     n, c, h, wd = x.shape
