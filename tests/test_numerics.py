@@ -208,7 +208,7 @@ def test_fake_quantize_in_blocks_and_in_place_equals_two_step_path(policy, qrang
     rng = np.random.default_rng(seed)
     qmin, qmax = qrange
     scale, offset = np.float32(0.25), int(rng.integers(qmin, qmax + 1) // 2)
-    x = (rng.standard_normal(3 * (1 << 15) + 123) * 20).astype(np.float32)
+    x = (rng.standard_normal(3 * (1 << 17) + 123) * 20).astype(np.float32)
     spots = rng.choice(x.size, 60, replace=False)
     x[spots[:40]] = (rng.integers(-200, 200, 40) + 0.5).astype(np.float32) * scale   # exact ties
     x[spots[40:50]] = np.nan
