@@ -25,7 +25,8 @@ from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
 from ..core.quant_graph import overlapped_root
 from .ops import Kernel, build_kernel
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
-from .simulation import apply_config, apply_output_config, grid_key, keeps_grid
+from .simulation import (apply_config, apply_output_config, argument_grids, fresh_results, grid_key,
+                         keeps_grid)
 
 
 class OperationHook:
@@ -57,31 +58,6 @@ class _Plan:
     steps: list
     needed_inputs: tuple
     fusions: dict = field(default_factory=dict)   # step index of a Conv -> step index of its Relu/Clip
-
-
-def _argument_grids(operation: Operation, names: tuple, grids: dict) -> tuple:
-    """Per input of ``operation`` (after its input configs ran): the grid key its value lies on, or None.
-
-    An applied input config put the value on its grid (or found it there); otherwise the value is
-    what its producer left, on the grid ``grids`` recorded for it, if any.
-    """
-    configs = operation.config.input_quantization_config if operation.config is not None else ()
-    keys = []
-    for index, name in enumerate(names):
-        key = grid_key(configs[index]) if index < len(configs) else None
-        keys.append(key if key is not None else grids.get(name))
-    return tuple(keys)
-
-
-def _fresh(operation: Operation, results: list, arguments: list) -> tuple:
-    """Per result: whether it is a float32 array the kernel made for this call (writeable, sharing no
-    memory with any input), which output quantization may then overwrite."""
-    if operation.config is None or operation.type == "Constant":
-        return ()
-    return tuple(isinstance(value, np.ndarray) and value.dtype == np.float32 and value.flags.writeable
-                 and value.flags.c_contiguous
-                 and not any(isinstance(a, np.ndarray) and np.may_share_memory(value, a) for a in arguments)
-                 for value in results)
 
 
 class NumpyExecutor:
@@ -267,13 +243,13 @@ class NumpyExecutor:
                 else:
                     arguments.append(variables[name].value)
             arguments = self._quantize_inputs(operation, arguments, step.inputs, grids)
-            argument_grids = _argument_grids(operation, step.inputs, grids)
+            grids_of_arguments = argument_grids(operation, step.inputs, grids)
             for hook in hooks:
                 replaced = hook.before_operation(operation, arguments)
                 if replaced is not None:
-                    arguments, argument_grids = list(replaced), ()  # a hook's values may lie anywhere
+                    arguments, grids_of_arguments = list(replaced), ()  # a hook's values may lie anywhere
             try:
-                results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, argument_grids)
+                results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, grids_of_arguments)
             except PPQLikeError:
                 raise
             except Exception as error:  # a numpy error inside a kernel: name the node
@@ -294,7 +270,7 @@ class NumpyExecutor:
                     values.pop(name, None)
                 continue
             results = self._quantize_outputs(operation, results, step.outputs, grids, on_output_grid,
-                                             _fresh(operation, results, arguments))
+                                             fresh_results(operation, results, arguments))
             for hook in hooks:
                 replaced = hook.after_operation(operation, arguments, results)
                 if replaced is not None:

@@ -6,12 +6,14 @@ QLinearMul, QLinearGlobalAveragePool).  Their results differ from "float op on
 dequantized values, then QuantizeLinear" wherever a value lies near a
 rounding boundary, and over fifty layers such one-step flips compound.  An
 op whose output config carries ``runtime_kernel = 'onnxruntime'`` (marked
-by ``RuntimeKernelPass``) is therefore simulated as the kernel computes it.  With q the integers, z the zero points and S the scales
-(float32, as the exported model stores them):
+by ``RuntimeKernelPass``) is therefore simulated as the kernel computes it.
+With q the integers, z the zero points and S the scales (float32, as the
+exported model stores them):
 
 * Conv / MatMul / Gemm (QLinearConv, QLinearMatMul, QGemm):
-  acc = sum (q_x - z_x)(q_w - z_w) + q_bias, exact (computed in float64 on
-  integers); M = float32(float32(S_x * S_w) / S_y) per output channel;
+  acc = sum (q_x - z_x)(q_w - z_w) + q_bias, exact (computed on integers in
+  float32 when max|x| * max_c sum|w| + max|bias| < 2^24 bounds every partial
+  sum, else in float64); M = float32(float32(S_x * S_w) / S_y) per output channel;
   q_y = clamp(rint(float32(acc) * M), qmin - z_y, qmax - z_y) + z_y
   (MLAS's requantization: a float32 product rounded half to even).
 * Add (QLinearAdd): with r_a = float32(S_a / S_y), r_b = float32(S_b / S_y)
@@ -302,7 +304,8 @@ def _binary(arithmetic: Callable, scalars: bool):
             return None
         if not scalars and any(np.size(value) == 1 for value in arguments[:2]):
             return None
-        integers = [_integers(config, value, known) for config, value, known in zip(configs[:2], arguments[:2], on_grid)]
+        integers = [_integers(config, value, known)
+                    for config, value, known in zip(configs[:2], arguments[:2], on_grid)]
         if any(i is None for i in integers):
             return None
         (a, b), zeros = integers, [_zero(config) for config in configs[:2]]

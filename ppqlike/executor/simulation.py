@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..core import numerics
-from ..core.ir import Graph
+from ..core.ir import Graph, Operation
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 from ..core.rounding import RoundingPolicy
@@ -66,6 +66,31 @@ def grid_key(config: TensorQuantizationConfig | None) -> tuple | None:
 def keeps_grid(config: TensorQuantizationConfig | None, key: tuple | None) -> bool:
     """Whether quantizing a value that lies on grid ``key`` with ``config`` leaves it unchanged."""
     return key is not None and config is not None and config.rounding in _NEAREST and grid_key(config) == key
+
+
+def argument_grids(operation: Operation, names: tuple, grids: dict) -> tuple:
+    """Per input of ``operation`` (after its input configs ran): the grid key its value lies on, or None.
+
+    An applied input config put the value on its grid (or found it there); otherwise the value is
+    what its producer left, on the grid ``grids`` recorded for it, if any.
+    """
+    configs = operation.config.input_quantization_config if operation.config is not None else ()
+    keys = []
+    for index, name in enumerate(names):
+        key = grid_key(configs[index]) if index < len(configs) else None
+        keys.append(key if key is not None else grids.get(name))
+    return tuple(keys)
+
+
+def fresh_results(operation: Operation, results: list, arguments: list) -> tuple:
+    """Per result: whether it is a float32 array the kernel made for this call (writeable, sharing no
+    memory with any input), which output quantization may then overwrite."""
+    if operation.config is None or operation.type == "Constant":
+        return ()
+    return tuple(isinstance(value, np.ndarray) and value.dtype == np.float32 and value.flags.writeable
+                 and value.flags.c_contiguous
+                 and not any(isinstance(a, np.ndarray) and np.may_share_memory(value, a) for a in arguments)
+                 for value in results)
 
 
 def requantize_output(config: TensorQuantizationConfig, value):

@@ -27,7 +27,7 @@ _EXPAND_BELOW = 3000      # positions per channel below which weights are expand
 _CHUNK_IMAGES = 1 << 16   # elements per chunk when several images share one (small maps)
 _CHUNK_PADDED = 1 << 16   # elements per chunk of the padded method (large maps, long rows)
 _CHANNELS_LAST_MIN = 64   # channels from which maps of at most _CHANNELS_LAST_MAX_MAP positions ...
-_CHANNELS_LAST_MAX_MAP = 60 * 60   # ... are convolved channels-last in one einsum per image (EfficientNet pads 56 to 58-59)
+_CHANNELS_LAST_MAX_MAP = 60 * 60   # ... run channels-last, one einsum per image (EfficientNet pads 56 to 58-59)
 
 
 def _run_split(run, images: int, blocks: int) -> None:
