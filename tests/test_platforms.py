@@ -119,3 +119,40 @@ def test_dequantized_turns_off_integer_requantization_too():
         fp32 = executor.forward(batches[0])[0]
     np.testing.assert_allclose(fp32, run_onnxruntime(small_model(), {"x": batches[0]})[0], rtol=1e-4, atol=1e-5)
     assert not np.allclose(executor.forward(batches[0])[0], fp32, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, axis, channels, largest", [
+    ((3, 40, 30, 30), 1, 40, 40000), ((2, 197, 384), 2, 384, 40000), ((3, 8, 100, 100), 1, 8, 40000),
+    ((5, 7, 3000), 1, 1, 40000), ((3, 40, 30, 30), 1, 40, 2 ** 23)])
+def test_integer_requantization_of_large_outputs_in_blocks(shape, axis, channels, largest):
+    """The TPU-style requantization of an output of many cache blocks (per channel along the image
+    channels or the last axis, a channel of many blocks, per tensor; accumulators whose products with
+    the multiplier stay below 2^53, run in float64, and larger ones, run in int64) equals the formula
+    on the whole array: acc = rint(y / S_acc), requantized with the integer multiplier and shift in
+    int64, dequantized."""
+    from ppqlike.core.quant import QuantizationStates, TensorQuantizationConfig
+    from ppqlike.core.quant_policy import QuantizationProperty
+    from ppqlike.core.requantization import IntegerRequantization
+    from ppqlike.executor.simulation import requantize_output
+    rng = np.random.default_rng(9)
+    accumulator_scale = rng.uniform(1e-4, 1e-3, channels)
+    codes = rng.integers(-largest, largest, shape)
+    codes.reshape(-1)[:50] = (np.arange(50) - 25) * 2 ** 12 + 2 ** 11   # halfway cases for the right shift
+    along = [1] * len(shape)
+    along[axis] = channels
+    value = (codes * accumulator_scale.reshape(along)).astype(np.float32)
+    if largest > 2 ** 20:
+        value = (codes * accumulator_scale.reshape(along)).astype(np.float64)   # float64: codes stay exact
+    multiplier, shift = numerics.scale_to_multiplier_shift(accumulator_scale / 0.05)
+    facts = IntegerRequantization.from_arrays(multiplier, shift, accumulator_scale, axis)
+    config = TensorQuantizationConfig(QuantizationProperty.SYMMETRICAL | QuantizationProperty.LINEAR |
+                                      QuantizationProperty.PER_TENSOR, RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO,
+                                      8, -128, 127, scale=np.float32(0.05), offset=0,
+                                      state=QuantizationStates.ACTIVATED)
+    config.requantization = facts
+    acc = np.rint(value.astype(np.float64) / accumulator_scale.reshape(along)).astype(np.int64)
+    per_channel = channels > 1
+    q = numerics.requantize(acc, np.asarray(multiplier) if per_channel else int(np.atleast_1d(multiplier)[0]),
+                            np.asarray(shift) if per_channel else int(np.atleast_1d(shift)[0]), 0, -128, 127,
+                            RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO, channel_axis=axis if per_channel else None)
+    np.testing.assert_array_equal(requantize_output(config, value), numerics.dequantize(q, np.float32(0.05), 0))

@@ -22,7 +22,7 @@ from ..core import numerics
 from ..core.ir import Graph, Operation
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
-from ..core.rounding import RoundingPolicy
+from ..core.rounding import RoundingPolicy, round_inplace
 
 #: policies under which fake-quantizing a value already on the grid gives it back unchanged
 #: (x / S lies within a few ulps of an integer, and these round that to the integer)
@@ -99,20 +99,76 @@ def requantize_output(config: TensorQuantizationConfig, value):
     The float output y is turned back into its int32 accumulator
     acc = round(y / S_acc) (exact up to float error), requantized with the
     stored integer multiplier and right shift under the config's rounding,
-    and dequantized with the output scale.
+    and dequantized with the output scale.  Elementwise, so it runs a
+    cache-sized block at a time (whole channels' slices of the per-channel
+    factors with each), which keeps its int64 temporaries in cache.
     """
     facts = config.requantization
     axis = facts.channel_axis % value.ndim
-    accumulator_scale = np.asarray(facts.accumulator_scale, np.float64)
     per_channel = facts.per_channel
-    acc = np.rint(value.astype(np.float64) / numerics.along_channel_axis(
-        accumulator_scale, value.ndim, value.shape, axis if per_channel else None)).astype(np.int64)
-    multiplier, shift = np.asarray(facts.multiplier), np.asarray(facts.right_shift)
-    q = numerics.requantize(acc, multiplier if per_channel else int(multiplier[0]),
-                            shift if per_channel else int(shift[0]), int(config.offset),
-                            config.quant_min, config.quant_max, config.rounding,
-                            channel_axis=axis if per_channel else None)
-    return numerics.dequantize(q, config.scale, config.offset)
+    accumulator_scale = np.asarray(facts.accumulator_scale, np.float64).reshape(-1)
+    multiplier, shift = np.asarray(facts.multiplier).reshape(-1), np.asarray(facts.right_shift).reshape(-1)
+    source = np.ascontiguousarray(value)
+    shape = source.shape
+    if per_channel:   # a [outer, channels, inner] view, the factors along its middle axis
+        channels = shape[axis]
+        view = (int(np.prod(shape[:axis], dtype=np.int64)), channels, int(np.prod(shape[axis + 1:], dtype=np.int64)))
+    else:
+        view = (source.size, 1, 1)
+    source = source.reshape(view)
+    out = np.empty(view, np.float32)
+    for rows, channel_range in _chunks(view):
+        block = source[rows, channel_range]
+        if per_channel:
+            factors = accumulator_scale[channel_range].reshape(1, -1, 1)
+            m, r = multiplier[channel_range], shift[channel_range]
+        else:
+            factors, m, r = accumulator_scale[0], int(multiplier[0]), int(shift[0])
+        acc = np.rint(block.astype(np.float64) / factors)
+        out[rows, channel_range] = _requantize_block(acc, m, r, config, per_channel)
+    return out.reshape(shape)
+
+
+def _requantize_block(acc: np.ndarray, multiplier, shift, config: TensorQuantizationConfig, per_channel: bool):
+    """One block of ``requantize_output``: the integer accumulator ``acc`` (float64 integers) to output values.
+
+    While max|acc| * max M0 < 2^53, acc * (M0 * 2^-shift) is exact in float64 (M0 * 2^-shift is, and
+    the product's significand fits), so rounding it under the config's policy gives exactly the
+    integers of the int64 multiply and rounding right shift, several passes cheaper; larger
+    products take that int64 path.
+    """
+    offset = int(config.offset)
+    bound = float(np.max(np.abs(acc), initial=0.0)) * float(np.max(np.abs(multiplier)))
+    scale = np.asarray(config.scale)
+    if bound >= 2.0 ** 53 or scale.dtype != np.float32 or scale.size != 1:
+        q = numerics.requantize(acc.astype(np.int64), multiplier, shift, offset, config.quant_min, config.quant_max,
+                                config.rounding, channel_axis=1 if per_channel else None)
+        return numerics.dequantize(q, config.scale, config.offset)
+    ratio = np.ldexp(np.asarray(multiplier, np.float64), -np.asarray(shift, np.int64))
+    t = np.multiply(acc, ratio.reshape(1, -1, 1) if per_channel else ratio, out=acc)
+    round_inplace(t, config.rounding)
+    np.clip(t, config.quant_min - offset, config.quant_max - offset, out=t)   # (q - z), q in range
+    values = t.astype(np.float32)      # exact: |q - z| < 2^24
+    values *= scale.reshape(())        # dequantize's float32 arithmetic: float32(q - z) * S
+    return values
+
+
+_REQUANTIZE_BLOCK = 1 << 15   # elements per block of the integer requantization (int64 temporaries)
+
+
+def _chunks(view: tuple):
+    """(rows, channel range) slices covering an [outer, channels, inner] array in blocks of about
+    ``_REQUANTIZE_BLOCK`` elements: whole rows when a row is small, else channel ranges of one row."""
+    outer, channels, inner = view
+    if channels * inner <= _REQUANTIZE_BLOCK:
+        step = max(1, _REQUANTIZE_BLOCK // max(channels * inner, 1))
+        for start in range(0, outer, step):
+            yield slice(start, start + step), slice(0, channels)
+        return
+    step = max(1, _REQUANTIZE_BLOCK // max(inner, 1))
+    for row in range(outer):
+        for start in range(0, channels, step):
+            yield slice(row, row + 1), slice(start, start + step)
 
 
 def apply_output_config(config: TensorQuantizationConfig | None, value, in_place: bool = False):

@@ -1,8 +1,10 @@
-"""Python threads for the fast convolution paths (``_conv_fast``, ``_conv_depthwise``).
+"""Python threads for the kernels' independent work.
 
-Independent work (the images of a 1x1 convolution, depthwise
-chunks, patch matrices) can run on ``PPQLIKE_NUM_THREADS`` Python threads
-(numpy and BLAS release the GIL); the default is 1, leaving parallelism to
+Independent work (the images of a 1x1 convolution, depthwise images or
+chunks, patch matrices, row blocks of a large MatMul, ConvTranspose phases,
+pooling plane chunks, Softmax row blocks, blocks of multi-pass elementwise
+functions such as Erf) can run on ``PPQLIKE_NUM_THREADS`` Python threads
+(numpy, einsum and BLAS release the GIL); the default is 1, leaving parallelism to
 BLAS.  On 2-vCPU machines the fastest setting measured was the other way
 round: ``OPENBLAS_NUM_THREADS=1`` with ``PPQLIKE_NUM_THREADS=2`` (depthwise
 layers about 25% faster, 1x1 layers about as fast, and no collapse when
@@ -29,7 +31,7 @@ def _default_threads() -> int:
 
 
 def num_threads() -> int:
-    """Threads the elementwise conv paths use (BLAS has its own setting)."""
+    """Threads the kernels share their independent work among (BLAS has its own setting)."""
     global _NUM_THREADS
     if _NUM_THREADS is None:
         _NUM_THREADS = _default_threads()
@@ -37,7 +39,7 @@ def num_threads() -> int:
 
 
 def set_num_threads(count: int | None) -> None:
-    """Use ``count`` threads for the elementwise conv paths (None: back to the default)."""
+    """Use ``count`` kernel threads (None: back to the default)."""
     global _NUM_THREADS
     _NUM_THREADS = None if count is None else max(1, int(count))
 
