@@ -332,9 +332,10 @@ class NumpyExecutor:
         output = activation.config.output_quantization_config[0] \
             if activation.config is not None and activation.config.output_quantization_config else None
         if lies_on is not None and output is not None and output.requantization is None \
-                and keeps_grid(output, lies_on):
-            bounds = output.fake_quantize(np.array([-np.inf if low is None else float(low),
-                                                    np.inf if high is None else float(high)], np.float32))
+                and keeps_grid(output, lies_on) and np.size(low) <= 1 and np.size(high) <= 1:
+            bounds = output.fake_quantize(np.array([-np.inf if low is None else np.asarray(low).reshape(-1)[0],
+                                                    np.inf if high is None else np.asarray(high).reshape(-1)[0]],
+                                                   np.float32))
             np.clip(value, bounds[0], bounds[1], out=value)
             grids[step.outputs[0]] = lies_on
             return [value]

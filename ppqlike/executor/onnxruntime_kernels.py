@@ -309,10 +309,30 @@ def _binary(arithmetic: Callable, scalars: bool):
         if any(i is None for i in integers):
             return None
         (a, b), zeros = integers, [_zero(config) for config in configs[:2]]
-        q = arithmetic(a + zeros[0], b + zeros[1], configs[0].scale, zeros[0], configs[1].scale, zeros[1],
-                       output.scale, _zero(output), output.quant_min, output.quant_max)
-        return [output.dequantize(q.astype(np.int64))]
+
+        def compute(a, b):   # onnxruntime's codes, then S_y (q - z_y) as output.dequantize computes it
+            q = arithmetic(a + zeros[0], b + zeros[1], configs[0].scale, zeros[0], configs[1].scale, zeros[1],
+                           output.scale, _zero(output), output.quant_min, output.quant_max)
+            q -= _zero(output)
+            return _dequantize_codes(output, q)
+        if a.shape != b.shape or a.size <= _BLOCK:
+            return [compute(a, b)]
+        out = np.empty(a.shape, _F32)   # elementwise: block by block, the float64 temporaries in cache
+        flat_a, flat_b, flat_out = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+        for start in range(0, flat_a.size, _BLOCK):
+            flat_out[start:start + _BLOCK] = compute(flat_a[start:start + _BLOCK], flat_b[start:start + _BLOCK])
+        return [out]
     return run
+
+
+def _dequantize_codes(output: TensorQuantizationConfig, codes: np.ndarray) -> np.ndarray:
+    """S * (q - z) for ``codes`` = q - z held as integer-valued float32 (exact), in place when it can;
+    the float32 values ``output.dequantize(q)`` gives."""
+    scale = np.asarray(output.scale)
+    if scale.dtype != _F32 or scale.size != 1 or codes.dtype != _F32:
+        return output.dequantize((codes + _zero(output)).astype(np.int64))
+    np.multiply(codes, scale.reshape(()), out=codes)
+    return codes
 
 
 _add = _binary(qlinear_add, scalars=False)  # a scalar operand takes another path inside QLinearAdd
