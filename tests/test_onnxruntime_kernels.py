@@ -109,18 +109,18 @@ def test_wide_accumulators_run_in_float64_bit_for_bit(tmp_path):
     quantized = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
     model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
     chosen = []
-    original = onnxruntime_kernels._exact_in_float32
+    original = onnxruntime_kernels._precision
 
     def spy(*arguments):
         chosen.append(original(*arguments))
         return chosen[-1]
     x = rng.uniform(0.5, 1.0, (4, 2048, 2, 2)).astype(np.float32)
-    onnxruntime_kernels._exact_in_float32 = spy
+    onnxruntime_kernels._precision = spy
     try:
         simulated = NumpyExecutor(quantized).forward(x)[0]
     finally:
-        onnxruntime_kernels._exact_in_float32 = original
-    assert chosen == [False]
+        onnxruntime_kernels._precision = original
+    assert chosen == ["float64"]
     np.testing.assert_array_equal(simulated, run_qdq_model(model, {"x": x})[0])
 
 
@@ -202,3 +202,43 @@ def test_mul_of_a_layer_scale_runs_bit_for_bit(tmp_path):
     model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
     x = rng.standard_normal((32, 6, 16)).astype(np.float32) * 1.5
     np.testing.assert_array_equal(NumpyExecutor(quantized).forward(x)[0], run_qdq_model(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize("large_bias, wraps", [(40.0, True), (3e-3, False)])
+def test_saturated_bias_is_added_apart_bit_for_bit(large_bias, wraps, tmp_path):
+    """A channel of tiny weights under a large bias (EfficientNet has such channels): the int32 bias code
+    saturates, so the products run in float32 and the bias is added exactly in float64; where the int32
+    sum overflows, onnxruntime's accumulator wraps around, and so does the simulation's."""
+    from ppqlike.executor import onnxruntime_kernels
+    rng = np.random.default_rng(6)
+    weight = (rng.standard_normal((8, 16, 3, 3)) * 0.2).astype(np.float32)
+    weight[3] *= 1e-6
+    bias = (rng.standard_normal(8) * 0.1).astype(np.float32)
+    bias[3] = large_bias   # its int32 code: saturated (and the sum overflowing), or past 2^24 only
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")],
+                              "bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 24, 24])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 24, 24])],
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    path = tmp_path / "bias.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    calibration = [rng.standard_normal((4, 16, 24, 24)).astype(np.float32) for _ in range(2)]
+    quantized = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
+    model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
+    chosen = []
+    original = onnxruntime_kernels._precision
+
+    def spy(*arguments):
+        chosen.append(original(*arguments))
+        return chosen[-1]
+    x = rng.standard_normal((8, 16, 24, 24)).astype(np.float32)
+    wrapped = []
+    original_wrap = onnxruntime_kernels._wrap_int32
+    onnxruntime_kernels._precision = spy
+    onnxruntime_kernels._wrap_int32 = lambda accumulator: wrapped.append(1) or original_wrap(accumulator)
+    try:
+        simulated = NumpyExecutor(quantized).forward(x)[0]
+    finally:
+        onnxruntime_kernels._precision, onnxruntime_kernels._wrap_int32 = original, original_wrap
+    assert bool(wrapped) == wraps
+    assert chosen == ["bias apart"]   # with the bias not exact in float32, the products alone exact
+    np.testing.assert_array_equal(simulated, run_qdq_model(model, {"x": x})[0])

@@ -13,7 +13,8 @@ exported model stores them):
 * Conv / MatMul / Gemm (QLinearConv, QLinearMatMul, QGemm):
   acc = sum (q_x - z_x)(q_w - z_w) + q_bias, exact (computed on integers in
   float32 when max|x| * max_c sum|w| + max|bias| < 2^24 bounds every partial
-  sum, else in float64); M = float32(float32(S_x * S_w) / S_y) per output channel;
+  sum; a convolution whose products alone fit adds its bias apart, in
+  float64; else all in float64); M = float32(float32(S_x * S_w) / S_y) per output channel;
   q_y = clamp(rint(float32(acc) * M), qmin - z_y, qmax - z_y) + z_y
   (MLAS's requantization: a float32 product rounded half to even).
 * Add (QLinearAdd): with r_a = float32(S_a / S_y), r_b = float32(S_b / S_y)
@@ -139,44 +140,68 @@ def _code_bound(config: TensorQuantizationConfig) -> float:
     return float(max(config.quant_max - zero, zero - config.quant_min))
 
 
-def _exact_in_float32(operation: Operation, integers: list, largest_input: float) -> bool:
-    """Whether the op's integer accumulator is exact in float32 whatever the summation order.
+_EXACT_F32 = 2.0 ** 24    # integers up to here are exact in float32
+_INT32 = 2.0 ** 31
 
-    Every partial sum is bounded by ``largest_input`` (max |x|) * max over output channels of sum |w|
-    (+ max |bias|); below
-    2^24 every one of them is an exactly representable integer, so float32 arithmetic (BLAS included)
-    computes the int32 accumulator exactly.
-    """
-    if integers[0].dtype != _F32 or integers[1].dtype != _F32:
-        return False
+
+def _accumulator_bound(operation: Operation, integers: list, largest_input: float) -> float:
+    """A bound on every partial sum of the op's integer accumulator, whatever the summation order:
+    ``largest_input`` (max |x|) * max over output channels of sum |w|, + max |bias| when ``integers``
+    holds one (inf for a Gemm with transA, not bounded here)."""
+    if operation.type == "Gemm" and operation.attributes.get("transA", 0):
+        return float("inf")
     weight = integers[1]
     if operation.type == "Conv":
         per_output = np.abs(weight).reshape(weight.shape[0], -1).sum(axis=1, dtype=np.float64)
     else:  # MatMul / Gemm: the contraction runs along the weight's first axis unless transB
         axis = 1 if operation.type == "Gemm" and operation.attributes.get("transB", 0) else -2
         per_output = np.abs(weight).sum(axis=axis, dtype=np.float64) if weight.ndim > 1 else np.abs(weight).sum()
-        if operation.type == "Gemm" and operation.attributes.get("transA", 0):
-            return False
     bound = largest_input * float(np.max(per_output, initial=0.0))
-    if len(integers) > 2:
-        bound += _largest(integers[2])
-    return bound < 2.0 ** 24
+    return bound + (_largest(integers[2]) if len(integers) > 2 else 0.0)
+
+
+def _precision(operation: Operation, integers: list, largest_input: float) -> str:
+    """How the accumulator is computed exactly: "float32" (every partial sum below 2^24 with the
+    bias), "bias apart" (a convolution whose products alone stay below 2^24: those in float32, the
+    wide bias added in float64) or "float64"."""
+    if integers[0].dtype != _F32 or integers[1].dtype != _F32:
+        return "float64"
+    if _accumulator_bound(operation, integers, largest_input) < _EXACT_F32:
+        return "float32"
+    if operation.type == "Conv" and len(integers) > 2 \
+            and _accumulator_bound(operation, integers[:2], largest_input) < _EXACT_F32:
+        return "bias apart"
+    return "float64"
+
+
+def _wrap_int32(accumulator: np.ndarray) -> np.ndarray:
+    """The int32 the kernel holds for an exact (float64) accumulator: two's complement wrap-around,
+    which onnxruntime's int32 addition of a saturated bias code produces."""
+    np.add(accumulator, _INT32, out=accumulator)
+    np.mod(accumulator, 2 * _INT32, out=accumulator)
+    np.subtract(accumulator, _INT32, out=accumulator)
+    return accumulator
 
 
 def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationConfig,
-                clamp: bool = True, axis: int | None = None) -> np.ndarray:
+                clamp: bool = True, axis: int | None = None, bias: np.ndarray | None = None) -> np.ndarray:
     """MLAS's requantization of an exact accumulator, then dequantized with ``output``.
 
     q = clamp(rint(float32(acc) * M)) with M per channel along ``axis`` (a 1-D array) or one
     value; ``clamp=False`` (the op's activation is fused after it) leaves the range to the
     activation op and the quantization after it, so the op's own output keeps its pre-activation
-    values.  Works in place on a float32 ``accumulator``, a cache-sized block at a time.
+    values.  ``bias`` (float64 integers per channel along ``axis``): added to the float32
+    ``accumulator`` exactly, in float64, before float32(acc).  Works in place on a float32
+    ``accumulator``, a cache-sized block at a time.
     """
     zero = _zero(output)
     fresh = accumulator.dtype == _F32 and accumulator.flags.writeable and accumulator.flags.c_contiguous
-    q = accumulator if fresh else np.ascontiguousarray(accumulator, dtype=_F32)
     multiplier = np.asarray(multiplier, _F32).reshape(-1)
     scale = np.asarray(output.scale)
+    if bias is not None and (not fresh or scale.dtype != _F32 or scale.size != 1 or axis is None):
+        accumulator = accumulator + along_channel_axis(bias, accumulator.ndim, accumulator.shape, axis)
+        fresh, bias = False, None
+    q = accumulator if fresh else np.ascontiguousarray(accumulator, dtype=_F32)
     if scale.dtype != _F32 or scale.size != 1 or (multiplier.size > 1 and axis is None):
         q *= multiplier if multiplier.size == 1 else along_channel_axis(multiplier, q.ndim, q.shape, axis)
         np.rint(q, out=q)
@@ -185,7 +210,11 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
         return output.dequantize((q + zero).astype(np.int64))
     low, high = _F32(output.quant_min - zero), _F32(output.quant_max - zero)
     scale = scale.reshape(())
-    for block, factor in _channel_blocks(q, multiplier, axis):
+    if bias is not None and multiplier.size == 1:   # blocks along the channels, for the bias
+        multiplier = np.full(q.shape[axis], multiplier[0], _F32)
+    for block, factor, channels in _channel_blocks(q, multiplier, axis):
+        if bias is not None:   # float32(acc + bias), the sum exact in float64
+            np.add(block, bias[channels].reshape(factor.shape), out=block, dtype=np.float64, casting="same_kind")
         np.multiply(block, factor, out=block)
         np.rint(block, out=block)
         if clamp:
@@ -196,11 +225,11 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
 
 def _channel_blocks(array: np.ndarray, factors: np.ndarray, axis: int | None):
     """Cache-sized blocks of the contiguous ``array`` (views), each with its slice of the per-channel
-    ``factors`` along ``axis`` shaped to broadcast (or the one factor)."""
+    ``factors`` along ``axis`` shaped to broadcast (or the one factor) and that channel slice."""
     if factors.size == 1 or array.ndim == 0:
         flat = array.reshape(-1)
         for start in range(0, flat.size, _BLOCK):
-            yield flat[start:start + _BLOCK], factors.reshape(())
+            yield flat[start:start + _BLOCK], factors.reshape(()), slice(None)
         return
     axis %= array.ndim
     channels = array.shape[axis]
@@ -211,11 +240,11 @@ def _channel_blocks(array: np.ndarray, factors: np.ndarray, axis: int | None):
         step = max(1, _BLOCK // max(inner, 1))
         for outer in range(view.shape[0]):
             for c0 in range(0, channels, step):
-                yield view[outer:outer + 1, c0:c0 + step], factors[:, c0:c0 + step]
+                yield view[outer:outer + 1, c0:c0 + step], factors[:, c0:c0 + step], slice(c0, c0 + step)
     else:                               # blocks of whole outer rows
         step = max(1, _BLOCK // (channels * inner))
         for outer in range(0, view.shape[0], step):
-            yield view[outer:outer + step], factors
+            yield view[outer:outer + step], factors, slice(None)
 
 
 def _channel_multiplier(scale_in, scale_weight, scale_out) -> np.ndarray:
@@ -251,15 +280,27 @@ def _linear(operation, kernel, arguments, configs, output, on_grid):
     if any(i is None for i in integers):
         return None
     largest_input = _code_bound(data) if on_grid[0] else _largest(integers[0])
-    dtype = _F32 if _exact_in_float32(operation, integers, largest_input) else np.float64
-    integers = [i.astype(dtype, copy=False) for i in integers]
-    integers += list(arguments[len(integers):])
-    accumulator = kernel(integers)[0]
+    precision = _precision(operation, integers, largest_input)
+    total = _accumulator_bound(operation, integers, largest_input)
+    bias = None
+    if precision == "bias apart":   # the products exact in float32, the wide (saturated int32) bias not
+        accumulator, bias = kernel(integers[:2])[0], integers[2].astype(np.float64).reshape(-1)
+        if total >= _INT32:      # the int32 sum may wrap: the whole accumulator in float64, wrapped
+            accumulator = accumulator.astype(np.float64)
+            accumulator += along_channel_axis(bias, accumulator.ndim, accumulator.shape, 1)
+            accumulator, bias = _wrap_int32(accumulator), None
+    else:
+        dtype = _F32 if precision == "float32" else np.float64
+        integers = [i.astype(dtype, copy=False) for i in integers]
+        integers += list(arguments[len(integers):])
+        accumulator = kernel(integers)[0]
+        if total >= _INT32:
+            accumulator = _wrap_int32(accumulator.astype(np.float64))
     axis = _output_axis(operation, accumulator.ndim)
     if np.size(weight.scale) not in (1, accumulator.shape[axis]):
         return None
     multiplier = _channel_multiplier(data.scale, weight.scale, output.scale)
-    return [_requantize(accumulator, multiplier, output, clamp=not _fused(operation), axis=axis)]
+    return [_requantize(accumulator, multiplier, output, clamp=not _fused(operation), axis=axis, bias=bias)]
 
 
 def _fma(a, b, c) -> np.ndarray:
