@@ -93,33 +93,45 @@ def test_large_maps_run_bit_for_bit(tmp_path):
     np.testing.assert_array_equal(NumpyExecutor(graph).forward(x, hooks=[Copies()])[0], deployed)
 
 
-def test_wide_accumulators_run_in_float64_bit_for_bit(tmp_path):
-    """A 1x1 convolution over 2048 channels with full-range weights: max |x| * sum |w| passes 2^24, so the
-    accumulator is not exact in float32 and the simulation computes it in float64; still onnxruntime's."""
-    from ppqlike.executor import onnxruntime_kernels
-    rng = np.random.default_rng(2)
-    weight = rng.uniform(0.5, 1.0, (4, 2048, 1, 1)).astype(np.float32)  # sums of ~2048 * 95 * 190 > 2^24
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="wide")], "wide",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2048, 2, 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 2, 2])],
-                              [numpy_helper.from_array(weight, "w")])
-    path = tmp_path / "wide.onnx"
+def _single_conv(tmp_path, weight, bias, size, calibration, **attributes):
+    """A one-Conv model on ``size`` x ``size`` maps quantized for ORT_INT8: (graph, exported model)."""
+    inputs, initializers = ["x", "w"], [numpy_helper.from_array(weight, "w")]
+    if bias is not None:
+        inputs.append("b")
+        initializers.append(numpy_helper.from_array(bias, "b"))
+    channels, outputs = weight.shape[1], weight.shape[0]
+    graph = helper.make_graph([helper.make_node("Conv", inputs, ["y"], name="conv", **attributes)], "one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", channels, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", outputs, size, size])],
+                              initializers)
+    path = tmp_path / "one.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
-    calibration = [rng.random((4, 2048, 2, 2)).astype(np.float32) for _ in range(2)]
     quantized = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
-    model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
-    chosen = []
-    original = onnxruntime_kernels._precision
+    return quantized, onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
+
+
+def _recorded(monkeypatch, name: str) -> list:
+    """What ``onnxruntime_kernels.<name>`` returns, call after call, from now on."""
+    from ppqlike.executor import onnxruntime_kernels
+    calls, original = [], getattr(onnxruntime_kernels, name)
 
     def spy(*arguments):
-        chosen.append(original(*arguments))
-        return chosen[-1]
+        calls.append(original(*arguments))
+        return calls[-1]
+    monkeypatch.setattr(onnxruntime_kernels, name, spy)
+    return calls
+
+
+def test_wide_accumulators_run_in_float64_bit_for_bit(tmp_path, monkeypatch):
+    """A 1x1 convolution over 2048 channels with full-range weights: max |x| * sum |w| passes 2^24, so the
+    accumulator is not exact in float32 and the simulation computes it in float64; still onnxruntime's."""
+    rng = np.random.default_rng(2)
+    weight = rng.uniform(0.5, 1.0, (4, 2048, 1, 1)).astype(np.float32)  # sums of ~2048 * 95 * 190 > 2^24
+    calibration = [rng.random((4, 2048, 2, 2)).astype(np.float32) for _ in range(2)]
+    quantized, model = _single_conv(tmp_path, weight, None, 2, calibration)
+    chosen = _recorded(monkeypatch, "_precision")
     x = rng.uniform(0.5, 1.0, (4, 2048, 2, 2)).astype(np.float32)
-    onnxruntime_kernels._precision = spy
-    try:
-        simulated = NumpyExecutor(quantized).forward(x)[0]
-    finally:
-        onnxruntime_kernels._precision = original
+    simulated = NumpyExecutor(quantized).forward(x)[0]
     assert chosen == ["float64"]
     np.testing.assert_array_equal(simulated, run_qdq_model(model, {"x": x})[0])
 
@@ -205,40 +217,20 @@ def test_mul_of_a_layer_scale_runs_bit_for_bit(tmp_path):
 
 
 @pytest.mark.parametrize("large_bias, wraps", [(40.0, True), (3e-3, False)])
-def test_saturated_bias_is_added_apart_bit_for_bit(large_bias, wraps, tmp_path):
+def test_saturated_bias_is_added_apart_bit_for_bit(large_bias, wraps, tmp_path, monkeypatch):
     """A channel of tiny weights under a large bias (EfficientNet has such channels): the int32 bias code
     saturates, so the products run in float32 and the bias is added exactly in float64; where the int32
     sum overflows, onnxruntime's accumulator wraps around, and so does the simulation's."""
-    from ppqlike.executor import onnxruntime_kernels
     rng = np.random.default_rng(6)
     weight = (rng.standard_normal((8, 16, 3, 3)) * 0.2).astype(np.float32)
     weight[3] *= 1e-6
     bias = (rng.standard_normal(8) * 0.1).astype(np.float32)
     bias[3] = large_bias   # its int32 code: saturated (and the sum overflowing), or past 2^24 only
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")],
-                              "bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 24, 24])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 24, 24])],
-                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
-    path = tmp_path / "bias.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
     calibration = [rng.standard_normal((4, 16, 24, 24)).astype(np.float32) for _ in range(2)]
-    quantized = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
-    model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
-    chosen = []
-    original = onnxruntime_kernels._precision
-
-    def spy(*arguments):
-        chosen.append(original(*arguments))
-        return chosen[-1]
+    quantized, model = _single_conv(tmp_path, weight, bias, 24, calibration, pads=[1, 1, 1, 1])
+    chosen, wrapped = _recorded(monkeypatch, "_precision"), _recorded(monkeypatch, "_wrap_int32")
     x = rng.standard_normal((8, 16, 24, 24)).astype(np.float32)
-    wrapped = []
-    original_wrap = onnxruntime_kernels._wrap_int32
-    onnxruntime_kernels._precision = spy
-    onnxruntime_kernels._wrap_int32 = lambda accumulator: wrapped.append(1) or original_wrap(accumulator)
-    try:
-        simulated = NumpyExecutor(quantized).forward(x)[0]
-    finally:
-        onnxruntime_kernels._precision, onnxruntime_kernels._wrap_int32 = original, original_wrap
+    simulated = NumpyExecutor(quantized).forward(x)[0]
     assert bool(wrapped) == wraps
     assert chosen == ["bias apart"]   # with the bias not exact in float32, the products alone exact
     np.testing.assert_array_equal(simulated, run_qdq_model(model, {"x": x})[0])

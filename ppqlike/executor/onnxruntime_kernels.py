@@ -48,6 +48,8 @@ from ..core.numerics import along_channel_axis
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..core.quant_graph import awaits_master, overlapped_root
 from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
+from .integer_codes import (BLOCK, code_bound, dequantize_codes, integer_codes, largest_magnitude,
+                            per_tensor, zero_point)
 from .simulation import grid_key
 
 RUNTIME_KERNEL = RUNTIME_KERNEL_ONNXRUNTIME
@@ -75,71 +77,6 @@ def _root(config: TensorQuantizationConfig | None) -> TensorQuantizationConfig |
     return config
 
 
-def _per_tensor(config: TensorQuantizationConfig) -> bool:
-    return np.size(config.scale) == 1
-
-
-def _integers(config: TensorQuantizationConfig, value, on_grid: bool = False) -> np.ndarray | None:
-    """q - z of a value already on ``config``'s grid, as integer-valued floats; None if it is not on the grid.
-
-    A value is on the grid when the op producing it quantized it; it is not when that op ran in
-    float (the error analyses run one op quantized at a time), and then the float kernel runs.
-    float32 values give float32 integers (exact: 8-bit codes), others float64.  value / S is within
-    a few float32 ulps of q - z, so the nearest integer is exact.  Per-tensor scales run block by
-    block (in cache), stopping at the first block off the grid.  ``on_grid``: the executor knows the
-    value lies on this grid (it quantized it so), and the check is skipped.
-    """
-    value = np.asarray(value)
-    dtype = _F32 if value.dtype == _F32 else np.float64
-    scale = along_channel_axis(np.asarray(config.scale, dtype), value.ndim, value.shape, config.channel_axis)
-    if scale.ndim == 0 and value.size > _BLOCK:
-        return _integers_blockwise(np.ascontiguousarray(value), scale, dtype, check=not on_grid)
-    if on_grid and value.ndim:
-        integers = np.divide(value, scale, dtype=dtype)
-        return np.rint(integers, out=integers)
-    steps = np.divide(value, scale, dtype=dtype)
-    if steps.ndim == 0:  # a numpy scalar: give it an array to work in
-        steps = np.array(steps)
-    integers = np.rint(steps, out=np.empty_like(steps))
-    if integers.size and not _on_grid(steps, integers):
-        return None
-    return integers
-
-
-_BLOCK = 1 << 15   # elements per block of the per-tensor path
-
-
-def _on_grid(steps: np.ndarray, integers: np.ndarray) -> bool:
-    """Whether value / S (``steps``, overwritten) is within float32 error of its nearest integers."""
-    np.subtract(steps, integers, out=steps)
-    worst = max(float(steps.max()), -float(steps.min()))
-    return worst <= 1e-3 + 1e-6 * _largest(integers)   # NaN: False
-
-
-def _integers_blockwise(value: np.ndarray, scale: np.ndarray, dtype, check: bool) -> np.ndarray | None:
-    integers = np.empty(value.shape, dtype)
-    source, target = value.reshape(-1), integers.reshape(-1)
-    scratch = np.empty(_BLOCK, dtype) if check else None
-    for start in range(0, source.size, _BLOCK):
-        block = target[start:start + _BLOCK]
-        steps = scratch[:block.size] if check else block
-        np.divide(source[start:start + _BLOCK], scale, out=steps)
-        np.rint(steps, out=block)
-        if check and not _on_grid(steps, block):
-            return None
-    return integers
-
-
-def _largest(integers: np.ndarray) -> float:
-    return max(float(integers.max()), -float(integers.min())) if integers.size else 0.0
-
-
-def _code_bound(config: TensorQuantizationConfig) -> float:
-    """The largest |q - z| a value quantized (and clamped) with ``config`` can hold."""
-    zero = _zero(config)
-    return float(max(config.quant_max - zero, zero - config.quant_min))
-
-
 _EXACT_F32 = 2.0 ** 24    # integers up to here are exact in float32
 _INT32 = 2.0 ** 31
 
@@ -157,7 +94,7 @@ def _accumulator_bound(operation: Operation, integers: list, largest_input: floa
         axis = 1 if operation.type == "Gemm" and operation.attributes.get("transB", 0) else -2
         per_output = np.abs(weight).sum(axis=axis, dtype=np.float64) if weight.ndim > 1 else np.abs(weight).sum()
     bound = largest_input * float(np.max(per_output, initial=0.0))
-    return bound + (_largest(integers[2]) if len(integers) > 2 else 0.0)
+    return bound + (largest_magnitude(integers[2]) if len(integers) > 2 else 0.0)
 
 
 def _precision(operation: Operation, integers: list, largest_input: float) -> str:
@@ -194,7 +131,7 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
     ``accumulator`` exactly, in float64, before float32(acc).  Works in place on a float32
     ``accumulator``, a cache-sized block at a time.
     """
-    zero = _zero(output)
+    zero = zero_point(output)
     fresh = accumulator.dtype == _F32 and accumulator.flags.writeable and accumulator.flags.c_contiguous
     multiplier = np.asarray(multiplier, _F32).reshape(-1)
     scale = np.asarray(output.scale)
@@ -228,21 +165,21 @@ def _channel_blocks(array: np.ndarray, factors: np.ndarray, axis: int | None):
     ``factors`` along ``axis`` shaped to broadcast (or the one factor) and that channel slice."""
     if factors.size == 1 or array.ndim == 0:
         flat = array.reshape(-1)
-        for start in range(0, flat.size, _BLOCK):
-            yield flat[start:start + _BLOCK], factors.reshape(()), slice(None)
+        for start in range(0, flat.size, BLOCK):
+            yield flat[start:start + BLOCK], factors.reshape(()), slice(None)
         return
     axis %= array.ndim
     channels = array.shape[axis]
     inner = int(np.prod(array.shape[axis + 1:], dtype=np.int64))
     view = array.reshape(-1, channels, inner)
     factors = factors.reshape(1, channels, 1)
-    if channels * inner >= _BLOCK:      # blocks of channels within one outer index
-        step = max(1, _BLOCK // max(inner, 1))
+    if channels * inner >= BLOCK:      # blocks of channels within one outer index
+        step = max(1, BLOCK // max(inner, 1))
         for outer in range(view.shape[0]):
             for c0 in range(0, channels, step):
                 yield view[outer:outer + 1, c0:c0 + step], factors[:, c0:c0 + step], slice(c0, c0 + step)
     else:                               # blocks of whole outer rows
-        step = max(1, _BLOCK // (channels * inner))
+        step = max(1, BLOCK // (channels * inner))
         for outer in range(0, view.shape[0], step):
             yield view[outer:outer + step], factors, slice(None)
 
@@ -266,7 +203,7 @@ def _fused(operation: Operation) -> bool:
 
 def _linear(operation, kernel, arguments, configs, output, on_grid):
     data, weight = configs[0], configs[1]
-    if data is None or weight is None or not _per_tensor(data):
+    if data is None or weight is None or not per_tensor(data):
         return None
     if operation.type == "Gemm" and (operation.attributes.get("alpha", 1.0) != 1.0
                                      or operation.attributes.get("beta", 1.0) != 1.0):
@@ -274,12 +211,12 @@ def _linear(operation, kernel, arguments, configs, output, on_grid):
     bias_config = configs[2] if len(configs) > 2 else None
     if len(arguments) > 2 and arguments[2] is not None and bias_config is None:
         return None  # a float bias (kept FP32) is not what QLinearConv computes
-    integers = [_integers(data, arguments[0], on_grid[0]), _integers(weight, arguments[1], on_grid[1])]
+    integers = [integer_codes(data, arguments[0], on_grid[0]), integer_codes(weight, arguments[1], on_grid[1])]
     if len(arguments) > 2 and arguments[2] is not None:  # int32 codes: found in float64
-        integers.append(_integers(bias_config, np.asarray(arguments[2], np.float64)))
+        integers.append(integer_codes(bias_config, np.asarray(arguments[2], np.float64)))
     if any(i is None for i in integers):
         return None
-    largest_input = _code_bound(data) if on_grid[0] else _largest(integers[0])
+    largest_input = code_bound(data) if on_grid[0] else largest_magnitude(integers[0])
     precision = _precision(operation, integers, largest_input)
     total = _accumulator_bound(operation, integers, largest_input)
     bias = None
@@ -341,54 +278,40 @@ def _binary(arithmetic: Callable, scalars: bool):
     def run(operation, kernel, arguments, configs, output, on_grid):
         if len(configs) < 2 or configs[0] is None or configs[1] is None:
             return None
-        if not (_per_tensor(configs[0]) and _per_tensor(configs[1])):
+        if not (per_tensor(configs[0]) and per_tensor(configs[1])):
             return None
         if not scalars and any(np.size(value) == 1 for value in arguments[:2]):
             return None
-        integers = [_integers(config, value, known)
+        integers = [integer_codes(config, value, known)
                     for config, value, known in zip(configs[:2], arguments[:2], on_grid)]
         if any(i is None for i in integers):
             return None
-        (a, b), zeros = integers, [_zero(config) for config in configs[:2]]
+        (a, b), zeros = integers, [zero_point(config) for config in configs[:2]]
 
         def compute(a, b):   # onnxruntime's codes, then S_y (q - z_y) as output.dequantize computes it
             q = arithmetic(a + zeros[0], b + zeros[1], configs[0].scale, zeros[0], configs[1].scale, zeros[1],
-                           output.scale, _zero(output), output.quant_min, output.quant_max)
-            q -= _zero(output)
-            return _dequantize_codes(output, q)
-        if a.shape != b.shape or a.size <= _BLOCK:
+                           output.scale, zero_point(output), output.quant_min, output.quant_max)
+            q -= zero_point(output)
+            return dequantize_codes(output, q)
+        if a.shape != b.shape or a.size <= BLOCK:
             return [compute(a, b)]
         out = np.empty(a.shape, _F32)   # elementwise: block by block, the float64 temporaries in cache
         flat_a, flat_b, flat_out = a.reshape(-1), b.reshape(-1), out.reshape(-1)
-        for start in range(0, flat_a.size, _BLOCK):
-            flat_out[start:start + _BLOCK] = compute(flat_a[start:start + _BLOCK], flat_b[start:start + _BLOCK])
+        for start in range(0, flat_a.size, BLOCK):
+            flat_out[start:start + BLOCK] = compute(flat_a[start:start + BLOCK], flat_b[start:start + BLOCK])
         return [out]
     return run
-
-
-def _dequantize_codes(output: TensorQuantizationConfig, codes: np.ndarray) -> np.ndarray:
-    """S * (q - z) for ``codes`` = q - z held as integer-valued float32 (exact), in place when it can;
-    the float32 values ``output.dequantize(q)`` gives."""
-    scale = np.asarray(output.scale)
-    if scale.dtype != _F32 or scale.size != 1 or codes.dtype != _F32:
-        return output.dequantize((codes + _zero(output)).astype(np.int64))
-    np.multiply(codes, scale.reshape(()), out=codes)
-    return codes
 
 
 _add = _binary(qlinear_add, scalars=False)  # a scalar operand takes another path inside QLinearAdd
 _mul = _binary(qlinear_mul, scalars=True)   # QLinearMul's scalar path computes the same
 
 
-def _zero(config: TensorQuantizationConfig) -> int:
-    return int(np.asarray(config.offset).reshape(-1)[0])
-
-
 def _global_average_pool(operation, kernel, arguments, configs, output, on_grid):
     data = configs[0]
-    if data is None or not _per_tensor(data):
+    if data is None or not per_tensor(data):
         return None
-    integers = _integers(data, arguments[0], on_grid[0])
+    integers = integer_codes(data, arguments[0], on_grid[0])
     if integers is None:
         return None
     positions = int(np.prod(integers.shape[2:]))
@@ -413,7 +336,7 @@ def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequen
     """
     config = operation.config
     output = _root(config.output_quantization_config[0])
-    if output is None or not _per_tensor(output) or output.state is QuantizationStates.BAKED:
+    if output is None or not per_tensor(output) or output.state is QuantizationStates.BAKED:
         return None
     configs = [_root(c) for c in config.input_quantization_config]  # each kernel checks the ones it needs
     if output.num_of_bits > 8 or any(c is not None and c.num_of_bits > 8 for c in configs[:2]):

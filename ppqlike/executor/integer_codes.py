@@ -1,0 +1,98 @@
+"""Integer codes of values that lie on a quantization grid, for simulating integer kernels.
+
+A value quantized with a config is S * (q - z) in float32; the integer kernels
+onnxruntime runs work on the codes q - z.  These helpers recover them (checking
+the value lies on the grid, unless the executor knows it does), bound them, and
+turn codes back into values exactly as ``TensorQuantizationConfig.dequantize``
+does.  Per-tensor work runs a cache-sized block at a time.  Reads configs;
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.numerics import along_channel_axis
+from ..core.quant import TensorQuantizationConfig
+
+F32 = np.float32
+BLOCK = 1 << 15   # elements per block of the per-tensor paths
+
+
+def per_tensor(config: TensorQuantizationConfig) -> bool:
+    """Whether ``config`` has one scale for the whole tensor."""
+    return np.size(config.scale) == 1
+
+
+def integer_codes(config: TensorQuantizationConfig, value, on_grid: bool = False) -> np.ndarray | None:
+    """q - z of a value already on ``config``'s grid, as integer-valued floats; None if it is not on the grid.
+
+    A value is on the grid when the op producing it quantized it; it is not when that op ran in
+    float (the error analyses run one op quantized at a time), and then the float kernel runs.
+    float32 values give float32 integers (exact: 8-bit codes), others float64.  value / S is within
+    a few float32 ulps of q - z, so the nearest integer is exact.  Per-tensor scales run block by
+    block (in cache), stopping at the first block off the grid.  ``on_grid``: the executor knows the
+    value lies on this grid (it quantized it so), and the check is skipped.
+    """
+    value = np.asarray(value)
+    dtype = F32 if value.dtype == F32 else np.float64
+    scale = along_channel_axis(np.asarray(config.scale, dtype), value.ndim, value.shape, config.channel_axis)
+    if scale.ndim == 0 and value.size > BLOCK:
+        return _integers_blockwise(np.ascontiguousarray(value), scale, dtype, check=not on_grid)
+    if on_grid and value.ndim:
+        integers = np.divide(value, scale, dtype=dtype)
+        return np.rint(integers, out=integers)
+    steps = np.divide(value, scale, dtype=dtype)
+    if steps.ndim == 0:  # a numpy scalar: give it an array to work in
+        steps = np.array(steps)
+    integers = np.rint(steps, out=np.empty_like(steps))
+    if integers.size and not _on_grid(steps, integers):
+        return None
+    return integers
+
+
+def _on_grid(steps: np.ndarray, integers: np.ndarray) -> bool:
+    """Whether value / S (``steps``, overwritten) is within float32 error of its nearest integers."""
+    np.subtract(steps, integers, out=steps)
+    worst = max(float(steps.max()), -float(steps.min()))
+    return worst <= 1e-3 + 1e-6 * largest_magnitude(integers)   # NaN: False
+
+
+def _integers_blockwise(value: np.ndarray, scale: np.ndarray, dtype, check: bool) -> np.ndarray | None:
+    integers = np.empty(value.shape, dtype)
+    source, target = value.reshape(-1), integers.reshape(-1)
+    scratch = np.empty(BLOCK, dtype) if check else None
+    for start in range(0, source.size, BLOCK):
+        block = target[start:start + BLOCK]
+        steps = scratch[:block.size] if check else block
+        np.divide(source[start:start + BLOCK], scale, out=steps)
+        np.rint(steps, out=block)
+        if check and not _on_grid(steps, block):
+            return None
+    return integers
+
+
+def largest_magnitude(integers: np.ndarray) -> float:
+    """max |integers| (0 for an empty array; NaN propagates)."""
+    return max(float(integers.max()), -float(integers.min())) if integers.size else 0.0
+
+
+def code_bound(config: TensorQuantizationConfig) -> float:
+    """The largest |q - z| a value quantized (and clamped) with ``config`` can hold."""
+    zero = zero_point(config)
+    return float(max(config.quant_max - zero, zero - config.quant_min))
+
+
+def dequantize_codes(output: TensorQuantizationConfig, codes: np.ndarray) -> np.ndarray:
+    """S * (q - z) for ``codes`` = q - z held as integer-valued float32 (exact), in place when it can;
+    the float32 values ``output.dequantize(q)`` gives."""
+    scale = np.asarray(output.scale)
+    if scale.dtype != F32 or scale.size != 1 or codes.dtype != F32:
+        return output.dequantize((codes + zero_point(output)).astype(np.int64))
+    np.multiply(codes, scale.reshape(()), out=codes)
+    return codes
+
+
+def zero_point(config: TensorQuantizationConfig) -> int:
+    """The zero point of a per-tensor config."""
+    return int(np.asarray(config.offset).reshape(-1)[0])
