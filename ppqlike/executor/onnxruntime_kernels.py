@@ -222,10 +222,14 @@ def _linear(operation, kernel, arguments, configs, output, on_grid):
     bias = None
     if precision == "bias apart":   # the products exact in float32, the wide (saturated int32) bias not
         accumulator, bias = kernel(integers[:2])[0], integers[2].astype(np.float64).reshape(-1)
-        if total >= _INT32:      # the int32 sum may wrap: the whole accumulator in float64, wrapped
-            accumulator = accumulator.astype(np.float64)
-            accumulator += along_channel_axis(bias, accumulator.ndim, accumulator.shape, 1)
-            accumulator, bias = _wrap_int32(accumulator), None
+        products = _accumulator_bound(operation, integers[:2], largest_input)
+        wide = np.flatnonzero(np.abs(bias) + products >= _INT32)
+        if wide.size:   # channels whose int32 sum may wrap: formed exactly in float64, wrapped, stored
+            exact = accumulator[:, wide].astype(np.float64)
+            exact += bias[wide].reshape((1, -1) + (1,) * (exact.ndim - 2))
+            accumulator[:, wide] = _wrap_int32(exact)   # float32(the kernel's int32), its bias in it
+            bias = bias.copy()
+            bias[wide] = 0.0
     else:
         dtype = _F32 if precision == "float32" else np.float64
         integers = [i.astype(dtype, copy=False) for i in integers]
