@@ -10,6 +10,12 @@ Per input or output slot of an op with an OperationQuantizationConfig:
 * BAKED, PASSIVE_BAKED: the config's ``baked_value`` replaces the parameter;
 * FP32, SOI, DEACTIVATED, DEQUANTIZED, OVERLAPPED, INITIAL, PASSIVE_INIT:
   the value passes through.
+
+Shortcuts that change no value (checked against op-by-op ``run_operation``):
+the executor records the grid (``grid_key``) each value was quantized to,
+and a reader whose config has the same grid and rounds to nearest gets the
+value as it is; results the kernel made for the call (``fresh_results``) are
+quantized in place.
 """
 
 from __future__ import annotations
