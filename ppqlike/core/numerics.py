@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ppqlike.core.errors import CalibrationDataError, QuantizationStateError
-from ppqlike.core.rounding import RoundingPolicy, round_inplace, round_values
+from ppqlike.core.rounding import RoundingPolicy, round_inplace, round_into, round_values
 
 __all__ = [
     "RoundingPolicy", "round_values", "quantize", "dequantize", "fake_quantize",
@@ -198,10 +198,12 @@ def _fake_quantize_blocks(x, scale, offset, qmin, qmax, rounding, out) -> np.nda
     low, high = np.float32(qmin - z), np.float32(qmax - z)
     result = np.empty_like(x) if out is None else out
     source, target = x.reshape(-1), result.reshape(-1)
+    scratch = np.empty(min(_BLOCK, source.size), np.float32)   # x / S, then its distance to rint
     for start in range(0, source.size, _BLOCK):
         block = target[start:start + _BLOCK]
-        np.divide(source[start:start + _BLOCK], s, out=block)
-        round_inplace(block, rounding)
+        steps = scratch[:block.size]
+        np.divide(source[start:start + _BLOCK], s, out=steps)
+        round_into(steps, block, rounding)
         np.clip(block, low, high, out=block)
         np.multiply(block, s, out=block)
     return result

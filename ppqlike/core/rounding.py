@@ -67,23 +67,27 @@ def round_inplace(t: np.ndarray, policy: RoundingPolicy) -> np.ndarray:
     ``t`` must be a writeable floating ndarray (0-d allowed).  NaN and inf pass
     through unchanged.
     """
-    if policy is _P.ROUND_HALF_EVEN:
-        return np.rint(t, out=t)
-    if policy is _P.ROUND_UP:
-        return np.ceil(t, out=t)
-    if policy is _P.ROUND_DOWN:
-        return np.floor(t, out=t)
-    if policy is _P.ROUND_TO_ZERO:
-        return np.trunc(t, out=t)
-    # Half-way policies: r = rint(t) is the answer except on ties, where
-    # d = t - r is exactly +0.5 (r is the lower neighbour) or -0.5 (upper).
-    r = np.rint(t)
+    if policy in _DIRECT:
+        return _DIRECT[policy](t, out=t)
+    r = round_into(t, np.empty_like(t), policy)
+    t[...] = r
+    return t
+
+
+def round_into(t: np.ndarray, out: np.ndarray, policy: RoundingPolicy) -> np.ndarray:
+    """``out`` = ``t`` rounded under ``policy``; ``t`` (writeable, the same shape) is used as scratch.
+
+    Half-way policies: r = rint(t) is the answer except on ties, where
+    d = t - r is exactly +0.5 (r is the lower neighbour) or -0.5 (upper); a
+    block without ties (the usual case) needs no fix-up pass.
+    """
+    if policy in _DIRECT:
+        return _DIRECT[policy](t, out=out)
+    r = np.rint(t, out=out)
     with np.errstate(invalid="ignore"):  # inf - inf = nan: compares False, r stays inf
         d = np.subtract(t, r, out=t)  # t now holds d (exact); r the candidate
         if d.size and not (np.fmax.reduce(d, axis=None) >= 0.5 or np.fmin.reduce(d, axis=None) <= -0.5):
-            # no tie anywhere (NaN, from inf or NaN inputs, is none and is skipped by fmax/fmin)
-            t[...] = r
-            return t
+            return r  # no tie anywhere (NaN, from inf or NaN inputs, is none and is skipped by fmax/fmin)
     if policy is _P.ROUND_HALF_UP:
         r += d == 0.5
     elif policy is _P.ROUND_HALF_DOWN:
@@ -96,8 +100,10 @@ def round_inplace(t: np.ndarray, policy: RoundingPolicy) -> np.ndarray:
         r -= (d == -0.5) & (r > 0)   # x = r - .5 > 0 -> down
     else:  # pragma: no cover - the enum is closed
         raise QuantizationPolicyError(f"unknown rounding policy {policy!r}")
-    t[...] = r
-    return t
+    return r
+
+
+_DIRECT = {_P.ROUND_HALF_EVEN: np.rint, _P.ROUND_UP: np.ceil, _P.ROUND_DOWN: np.floor, _P.ROUND_TO_ZERO: np.trunc}
 
 
 def round_values(x, policy: RoundingPolicy | str = RoundingPolicy.ROUND_HALF_EVEN):
