@@ -26,7 +26,7 @@ from ..core.quant_graph import overlapped_root
 from .ops import Kernel, build_kernel
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .simulation import (apply_config, apply_output_config, argument_grids, fresh_results, grid_key,
-                         keeps_grid)
+                         keeps_grid, passes_through)
 
 
 class OperationHook:
@@ -306,8 +306,7 @@ class NumpyExecutor:
         if activation.config is not None:
             between.append(activation.config.input_quantization_config[0]
                            if activation.config.input_quantization_config else None)
-        return all(c is None or (apply_config(c, value) is value and "requantization" not in c.detail)
-                   for c in between)
+        return all(c is None or (passes_through(c) and "requantization" not in c.detail) for c in between)
 
     def _activate_in_place(self, step: _Step, value: np.ndarray, values: dict, variables: dict,
                            grids: dict, lies_on: tuple | None = None) -> list:

@@ -52,6 +52,15 @@ def apply_config(config: TensorQuantizationConfig | None, value, in_place: bool 
     return value
 
 
+def passes_through(config: TensorQuantizationConfig | None) -> bool:
+    """Whether ``apply_config(config, value)`` gives ``value`` itself back (without computing it)."""
+    if config is None:
+        return True
+    if is_applied(config.state):
+        return awaits_master(config)
+    return not (is_baked(config.state) and config.baked_value is not None)
+
+
 def grid_key(config: TensorQuantizationConfig | None) -> tuple | None:
     """What identifies the grid ``config`` puts values on (scale, offset, range, axis), or None when it
     does not quantize them (not applied, or a grid too wide for the idempotence below).
