@@ -243,7 +243,8 @@ class NumpyExecutor:
                 else:
                     arguments.append(variables[name].value)
             arguments = self._quantize_inputs(operation, arguments, step.inputs, grids)
-            grids_of_arguments = argument_grids(operation, step.inputs, grids)
+            runtime = self.runtime_kernels and wants_runtime_kernel(operation)   # only it reads the grids
+            grids_of_arguments = argument_grids(operation, step.inputs, grids) if runtime else ()
             for hook in hooks:
                 replaced = hook.before_operation(operation, arguments)
                 if replaced is not None:
