@@ -81,10 +81,9 @@ _EXACT_F32 = 2.0 ** 24    # integers up to here are exact in float32
 _INT32 = 2.0 ** 31
 
 
-def _accumulator_bound(operation: Operation, integers: list, largest_input: float) -> float:
-    """A bound on every partial sum of the op's integer accumulator, whatever the summation order:
-    ``largest_input`` (max |x|) * max over output channels of sum |w|, + max |bias| when ``integers``
-    holds one (inf for a Gemm with transA, not bounded here)."""
+def _product_bound(operation: Operation, integers: list, largest_input: float) -> float:
+    """A bound on every partial sum of the op's products, whatever the summation order: ``largest_input``
+    (max |x|) * max over output channels of sum |w| (inf for a Gemm with transA, not bounded here)."""
     if operation.type == "Gemm" and operation.attributes.get("transA", 0):
         return float("inf")
     weight = integers[1]
@@ -93,20 +92,19 @@ def _accumulator_bound(operation: Operation, integers: list, largest_input: floa
     else:  # MatMul / Gemm: the contraction runs along the weight's first axis unless transB
         axis = 1 if operation.type == "Gemm" and operation.attributes.get("transB", 0) else -2
         per_output = np.abs(weight).sum(axis=axis, dtype=np.float64) if weight.ndim > 1 else np.abs(weight).sum()
-    bound = largest_input * float(np.max(per_output, initial=0.0))
-    return bound + (largest_magnitude(integers[2]) if len(integers) > 2 else 0.0)
+    return largest_input * float(np.max(per_output, initial=0.0))
 
 
-def _precision(operation: Operation, integers: list, largest_input: float) -> str:
-    """How the accumulator is computed exactly: "float32" (every partial sum below 2^24 with the
-    bias), "bias apart" (a convolution whose products alone stay below 2^24: those in float32, the
-    wide bias added in float64) or "float64"."""
+def _precision(operation: Operation, integers: list, products: float, total: float) -> str:
+    """How the accumulator is computed exactly, given the bounds of the products' partial sums and of
+    the whole (bias included): "float32" (every partial sum below 2^24), "bias apart" (a convolution
+    whose products alone stay below 2^24: those in float32, the wide bias added in float64) or
+    "float64"."""
     if integers[0].dtype != _F32 or integers[1].dtype != _F32:
         return "float64"
-    if _accumulator_bound(operation, integers, largest_input) < _EXACT_F32:
+    if total < _EXACT_F32:
         return "float32"
-    if operation.type == "Conv" and len(integers) > 2 \
-            and _accumulator_bound(operation, integers[:2], largest_input) < _EXACT_F32:
+    if operation.type == "Conv" and len(integers) > 2 and products < _EXACT_F32:
         return "bias apart"
     return "float64"
 
@@ -217,12 +215,12 @@ def _linear(operation, kernel, arguments, configs, output, on_grid):
     if any(i is None for i in integers):
         return None
     largest_input = code_bound(data) if on_grid[0] else largest_magnitude(integers[0])
-    precision = _precision(operation, integers, largest_input)
-    total = _accumulator_bound(operation, integers, largest_input)
+    products = _product_bound(operation, integers, largest_input)
+    total = products + (largest_magnitude(integers[2]) if len(integers) > 2 else 0.0)
+    precision = _precision(operation, integers, products, total)
     bias = None
     if precision == "bias apart":   # the products exact in float32, the wide (saturated int32) bias not
         accumulator, bias = kernel(integers[:2])[0], integers[2].astype(np.float64).reshape(-1)
-        products = _accumulator_bound(operation, integers[:2], largest_input)
         wide = np.flatnonzero(np.abs(bias) + products >= _INT32)
         if wide.size:   # channels whose int32 sum may wrap: formed exactly in float64, wrapped, stored
             exact = accumulator[:, wide].astype(np.float64)
