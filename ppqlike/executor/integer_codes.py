@@ -5,7 +5,8 @@ onnxruntime runs work on the codes q - z.  These helpers recover them (checking
 the value lies on the grid, unless the executor knows it does), bound them, and
 turn codes back into values exactly as ``TensorQuantizationConfig.dequantize``
 does.  Per-tensor work runs a cache-sized block at a time.  Reads configs;
-writes nothing.
+writes nothing.  ``channel_view`` / ``channel_chunks`` cut elementwise work on
+per-channel factors into cache-sized blocks (both requantizations use them).
 """
 
 from __future__ import annotations
@@ -96,3 +97,27 @@ def dequantize_codes(output: TensorQuantizationConfig, codes: np.ndarray) -> np.
 def zero_point(config: TensorQuantizationConfig) -> int:
     """The zero point of a per-tensor config."""
     return int(np.asarray(config.offset).reshape(-1)[0])
+
+
+def channel_view(shape: tuple, axis: int | None) -> tuple:
+    """(outer, channels, inner): the 3-D view of a contiguous array of ``shape`` with the channels of
+    ``axis`` in the middle (None: one channel, every element a row)."""
+    if axis is None:
+        return (int(np.prod(shape, dtype=np.int64)), 1, 1)
+    axis %= len(shape)
+    return (int(np.prod(shape[:axis], dtype=np.int64)), shape[axis], int(np.prod(shape[axis + 1:], dtype=np.int64)))
+
+
+def channel_chunks(view: tuple, block: int = BLOCK):
+    """(rows, channels) slices covering an [outer, channels, inner] array in blocks of about ``block``
+    elements: whole rows when a row is small, else channel ranges of one row."""
+    outer, channels, inner = view
+    if channels * inner <= block:
+        step = max(1, block // max(channels * inner, 1))
+        for start in range(0, outer, step):
+            yield slice(start, start + step), slice(0, channels)
+        return
+    step = max(1, block // max(inner, 1))
+    for row in range(outer):
+        for start in range(0, channels, step):
+            yield slice(row, row + 1), slice(start, start + step)

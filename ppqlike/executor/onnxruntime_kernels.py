@@ -48,8 +48,8 @@ from ..core.numerics import along_channel_axis
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..core.quant_graph import awaits_master, overlapped_root
 from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
-from .integer_codes import (BLOCK, code_bound, dequantize_codes, integer_codes, largest_magnitude,
-                            per_tensor, zero_point)
+from .integer_codes import (BLOCK, channel_chunks, channel_view, code_bound, dequantize_codes, integer_codes,
+                            largest_magnitude, per_tensor, zero_point)
 from .simulation import grid_key
 
 RUNTIME_KERNEL = RUNTIME_KERNEL_ONNXRUNTIME
@@ -147,7 +147,10 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
     scale = scale.reshape(())
     if bias is not None and multiplier.size == 1:   # blocks along the channels, for the bias
         multiplier = np.full(q.shape[axis], multiplier[0], _F32)
-    for block, factor, channels in _channel_blocks(q, multiplier, axis):
+    view = channel_view(q.shape, axis if multiplier.size > 1 else None)
+    factors, blocks = multiplier.reshape(1, -1, 1), q.reshape(view)
+    for rows, channels in channel_chunks(view):
+        block, factor = blocks[rows, channels], factors[:, channels]
         if bias is not None:   # float32(acc + bias), the sum exact in float64
             np.add(block, bias[channels].reshape(factor.shape), out=block, dtype=np.float64, casting="same_kind")
         np.multiply(block, factor, out=block)
@@ -156,30 +159,6 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
             np.clip(block, low, high, out=block)
         np.multiply(block, scale, out=block)   # S * (q - z): output.dequantize's float32 arithmetic
     return q
-
-
-def _channel_blocks(array: np.ndarray, factors: np.ndarray, axis: int | None):
-    """Cache-sized blocks of the contiguous ``array`` (views), each with its slice of the per-channel
-    ``factors`` along ``axis`` shaped to broadcast (or the one factor) and that channel slice."""
-    if factors.size == 1 or array.ndim == 0:
-        flat = array.reshape(-1)
-        for start in range(0, flat.size, BLOCK):
-            yield flat[start:start + BLOCK], factors.reshape(()), slice(None)
-        return
-    axis %= array.ndim
-    channels = array.shape[axis]
-    inner = int(np.prod(array.shape[axis + 1:], dtype=np.int64))
-    view = array.reshape(-1, channels, inner)
-    factors = factors.reshape(1, channels, 1)
-    if channels * inner >= BLOCK:      # blocks of channels within one outer index
-        step = max(1, BLOCK // max(inner, 1))
-        for outer in range(view.shape[0]):
-            for c0 in range(0, channels, step):
-                yield view[outer:outer + 1, c0:c0 + step], factors[:, c0:c0 + step], slice(c0, c0 + step)
-    else:                               # blocks of whole outer rows
-        step = max(1, BLOCK // (channels * inner))
-        for outer in range(0, view.shape[0], step):
-            yield view[outer:outer + step], factors, slice(None)
 
 
 def _channel_multiplier(scale_in, scale_weight, scale_out) -> np.ndarray:

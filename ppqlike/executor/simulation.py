@@ -29,6 +29,7 @@ from ..core.ir import Graph, Operation
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 from ..core.rounding import RoundingPolicy, round_inplace
+from .integer_codes import channel_chunks, channel_view
 
 #: policies under which fake-quantizing a value already on the grid gives it back unchanged
 #: (x / S lies within a few ulps of an integer, and these round that to the integer)
@@ -125,14 +126,10 @@ def requantize_output(config: TensorQuantizationConfig, value):
     multiplier, shift = np.asarray(facts.multiplier).reshape(-1), np.asarray(facts.right_shift).reshape(-1)
     source = np.ascontiguousarray(value)
     shape = source.shape
-    if per_channel:   # a [outer, channels, inner] view, the factors along its middle axis
-        channels = shape[axis]
-        view = (int(np.prod(shape[:axis], dtype=np.int64)), channels, int(np.prod(shape[axis + 1:], dtype=np.int64)))
-    else:
-        view = (source.size, 1, 1)
+    view = channel_view(shape, axis if per_channel else None)   # the factors along its middle axis
     source = source.reshape(view)
     out = np.empty(view, np.float32)
-    for rows, channel_range in _chunks(view):
+    for rows, channel_range in channel_chunks(view):
         block = source[rows, channel_range]
         if per_channel:
             factors = accumulator_scale[channel_range].reshape(1, -1, 1)
@@ -166,24 +163,6 @@ def _requantize_block(acc: np.ndarray, multiplier, shift, config: TensorQuantiza
     values = t.astype(np.float32)      # exact: |q - z| < 2^24
     values *= scale.reshape(())        # dequantize's float32 arithmetic: float32(q - z) * S
     return values
-
-
-_REQUANTIZE_BLOCK = 1 << 15   # elements per block of the integer requantization (int64 temporaries)
-
-
-def _chunks(view: tuple):
-    """(rows, channel range) slices covering an [outer, channels, inner] array in blocks of about
-    ``_REQUANTIZE_BLOCK`` elements: whole rows when a row is small, else channel ranges of one row."""
-    outer, channels, inner = view
-    if channels * inner <= _REQUANTIZE_BLOCK:
-        step = max(1, _REQUANTIZE_BLOCK // max(channels * inner, 1))
-        for start in range(0, outer, step):
-            yield slice(start, start + step), slice(0, channels)
-        return
-    step = max(1, _REQUANTIZE_BLOCK // max(inner, 1))
-    for row in range(outer):
-        for start in range(0, channels, step):
-            yield slice(row, row + 1), slice(start, start + step)
 
 
 def apply_output_config(config: TensorQuantizationConfig | None, value, in_place: bool = False):
