@@ -64,6 +64,15 @@ def parallel(function, jobs) -> None:
         future.result()
 
 
+def parallel_over(function, items, threads: int | None = None) -> None:
+    """Call ``function(item)`` for every item of the sequence ``items``: contiguous runs of them, one
+    per thread (``threads``, default: the kernel threads), each run worked through in order."""
+    def run(part):
+        for item in items[part[0]:part[1]]:
+            function(item)
+    parallel(run, split_evenly(len(items), num_threads() if threads is None else threads))
+
+
 def split_evenly(count: int, parts: int) -> list[tuple[int, int]]:
     """``range(count)`` cut into at most ``parts`` contiguous, non-empty, balanced pieces."""
     parts = max(1, min(parts, count))

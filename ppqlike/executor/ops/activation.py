@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ._threads import num_threads, parallel, split_evenly
+from ._threads import num_threads, parallel_over
 from .arithmetic import _erf_fast, blockwise, erfc
 from .base import Kernel, attribute, by_opset, normalize_axis, unary, unsupported
 
@@ -152,12 +152,8 @@ def _softmax_kernel(op, axes_of) -> Kernel:
         # rows along the last axis are independent: blocks of them on the kernel threads, in cache
         rows, flat_out = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
         step = max(1, _ROWS_BLOCK // max(x.shape[-1], 1))
-        blocks = range(0, rows.shape[0], step)
-
-        def run(part):
-            for start in blocks[part[0]:part[1]]:
-                normalize(rows[start:start + step], flat_out[start:start + step], -1)
-        parallel(run, split_evenly(len(blocks), num_threads()))
+        parallel_over(lambda start: normalize(rows[start:start + step], flat_out[start:start + step], -1),
+                      range(0, rows.shape[0], step))
         return [out]
     return kernel
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from ._threads import num_threads, parallel, split_evenly
+from ._threads import num_threads, parallel_over
 from .base import Kernel, attribute, binary, unary, unsupported
 
 _ERRSTATE = dict(all="ignore")  # overflow/inf/nan results are data, not errors
@@ -208,12 +208,10 @@ def blockwise(x: np.ndarray, compute, dtype) -> np.ndarray:
     out = np.empty(flat.shape, dtype)
     threads = num_threads()
     size = _THREAD_BLOCK if threads > 1 and flat.size > _THREAD_BLOCK else _BLOCK
-    starts = range(0, flat.size, size)
 
-    def run(part):
-        for start in starts[part[0]:part[1]]:
-            out[start:start + size] = compute(flat[start:start + size])
-    parallel(run, split_evenly(len(starts), threads) if size == _THREAD_BLOCK else [(0, len(starts))])
+    def block(start):
+        out[start:start + size] = compute(flat[start:start + size])
+    parallel_over(block, range(0, flat.size, size), threads if size == _THREAD_BLOCK else 1)
     return out.reshape(x.shape)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ._threads import num_threads, parallel, split_evenly
+from ._threads import parallel_over
 from .base import Kernel, attribute, unsupported
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -108,12 +108,8 @@ def _reduce_axes(x: np.ndarray, outs, window: _Window, ufunc) -> np.ndarray:
     result = np.empty((n * c,) + tuple(outs), x.dtype)
     step = max(1, _CHUNK // max(1, int(np.prod(spatial))))
     order = sorted(range(len(outs)), key=lambda a: -window.strides[a])  # shrink the most first
-    chunks = range(0, n * c, step)
-
-    def run(part):
-        for p0 in chunks[part[0]:part[1]]:
-            _reduce_chunk(planes, result, p0, min(n * c, p0 + step), order, outs, window, ufunc)
-    parallel(run, split_evenly(len(chunks), num_threads()))
+    parallel_over(lambda p0: _reduce_chunk(planes, result, p0, min(n * c, p0 + step), order, outs, window, ufunc),
+                  range(0, n * c, step))
     return result.reshape((n, c) + tuple(outs))
 
 
