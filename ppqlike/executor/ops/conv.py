@@ -214,10 +214,11 @@ def _build_conv_transpose(op, opset: int) -> Kernel:
         cig = ci // group
         positions = int(np.prod(spatial))
         taps = int(np.prod(ks))
-        if _by_phases(rank, ks, strides, dilations, adjust, begin, sizes, spatial):
+        phases = _phase_plan(rank, ks, strides, dilations, adjust, begin, sizes, spatial)
+        if phases is not None:
             out = _transpose_by_phases(np.ascontiguousarray(x, dtype=dtype), w.astype(dtype, copy=False),
                                        None if b is None else b.astype(dtype, copy=False), strides, group,
-                                       begin, sizes)
+                                       sizes, phases)
             return [out.astype(x.dtype, copy=False)]
         buffer = _transpose_by_scatter(x.reshape(n, ci, positions).astype(dtype, copy=False), w, group, ks,
                                        strides, dilations, spatial, full, dtype)
@@ -247,23 +248,25 @@ def _phase_pads(size: int, begin: int, stride: int, taps: int, extent: int, phas
     return ((phase + begin) % stride, before, after) if before >= 0 and after >= 0 and count > 0 else None
 
 
-def _by_phases(rank, ks, strides, dilations, adjust, begin, sizes, spatial) -> bool:
-    """Whether the sub-pixel form applies: 2-D, no dilation or output padding, each kernel side a
-    multiple of its stride (4x4 stride 2, 2x2 stride 2, ...), and a crop it can express as padding."""
+def _phase_plan(rank, ks, strides, dilations, adjust, begin, sizes, spatial) -> list | None:
+    """Per axis, per output phase, ``_phase_pads``: when the sub-pixel form applies (2-D, no dilation or
+    output padding, each kernel side a multiple of its stride: 4x4 stride 2, 2x2 stride 2, ..., and a
+    crop it can express as padding); else None."""
     if rank != 2 or any(d != 1 for d in dilations) or any(adjust) or any(k % s for k, s in zip(ks, strides)):
-        return False
-    return all(_phase_pads(size, start, s, k // s, extent, phase) is not None
-               for size, start, s, k, extent in zip(sizes, begin, strides, ks, spatial) for phase in range(s))
+        return None
+    plan = [[_phase_pads(size, start, s, k // s, extent, phase) for phase in range(s)]
+            for size, start, s, k, extent in zip(sizes, begin, strides, ks, spatial)]
+    return None if any(pads is None for axis in plan for pads in axis) else plan
 
 
-def _transpose_by_phases(x: np.ndarray, w: np.ndarray, b, strides, group: int, begin, sizes) -> np.ndarray:
+def _transpose_by_phases(x: np.ndarray, w: np.ndarray, b, strides, group: int, sizes, plan) -> np.ndarray:
     """A 2-D ConvTranspose (kernel sides multiples of the strides) as s_h * s_w ordinary convolutions.
 
     The full output's phase (p, q), full[s_h u + p, s_w v + q], sums x[u - a, v - b] w[p + s_h a,
     q + s_w b] over a < m_h = k_h / s_h, b < m_w: a convolution (cross-correlation) of x, padded by
-    m - 1, with the kernel w[p::s_h, q::s_w] reversed.  The crop becomes padding (``_phase_pads``) and
-    the bias rides in each GEMM, so every output phase is written once, by the fast im2col path
-    (patches in cache, on the threads); no column matrix is scattered.
+    m - 1, with the kernel w[p::s_h, q::s_w] reversed.  The crop becomes padding (``plan``, from
+    ``_phase_plan``) and the bias rides in each GEMM, so every output phase is written once, by the
+    fast im2col path (patches in cache, on the threads); no column matrix is scattered.
     """
     n, ci = x.shape[:2]
     (sh, sw), (kh, kw) = strides, w.shape[2:]
@@ -271,10 +274,8 @@ def _transpose_by_phases(x: np.ndarray, w: np.ndarray, b, strides, group: int, b
     # as a Conv weight [Co, Ci/group, kh, kw]
     forward = w.reshape(group, cig, cog, kh, kw).transpose(0, 2, 1, 3, 4).reshape(group * cog, cig, kh, kw)
     out = np.empty((n, group * cog, *sizes), x.dtype)
-    for r in range(sh):
-        p, top, bottom = _phase_pads(sizes[0], begin[0], sh, kh // sh, x.shape[2], r)
-        for c in range(sw):
-            q, left, right = _phase_pads(sizes[1], begin[1], sw, kw // sw, x.shape[3], c)
+    for r, (p, top, bottom) in enumerate(plan[0]):
+        for c, (q, left, right) in enumerate(plan[1]):
             kernel = np.ascontiguousarray(forward[:, :, p::sh, q::sw][:, :, ::-1, ::-1])
             out[:, :, r::sh, c::sw] = _conv_fast.im2col(x, kernel, b, (top, left, bottom, right), (1, 1), (1, 1),
                                                         group, x.dtype)
