@@ -262,5 +262,6 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
                 "reached": bool(current >= self.target), "moved": moved,
                 "fp32_op_count": len(moved[FP32]), "fp32_ops": moved[FP32],
                 "higher_precision": _precision_name(self.bits), "units": len(units), "measurements": measured,
-                "batches": len(data), "held_aside": held_aside is not None, "seconds": round(time.perf_counter() - started, 3),
+                "batches": len(data), "held_aside": held_aside is not None,
+                "seconds": round(time.perf_counter() - started, 3),
                 "most_sensitive": worst, "trace": trace}
