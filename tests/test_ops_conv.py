@@ -5,7 +5,7 @@ import pytest
 
 import ppqlike
 from ppqlike.core.errors import PPQLikeError
-from ppqlike.executor.ops import _conv_depthwise, _conv_fast, _threads
+from ppqlike.executor.ops import _conv_channels_last, _conv_depthwise, _conv_fast, _threads
 from onnx_helpers import assert_matches_onnxruntime, single_node_model
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -40,17 +40,18 @@ def test_pointwise_strided_padded(strides, pads):
     _conv((2, 6, 9, 8), (5, 6, 1, 1), strides=strides, pads=pads)
 
 
-@pytest.fixture(params=["default", "rows", "flat", "channels_last"])
+@pytest.fixture(params=["default", "rows", "flat", "windows"])
 def depthwise_path(request, monkeypatch):
-    """Run a test under every depthwise strategy: the default choice by channels and map size, always one
-    row per channel over a padded copy ("rows"), always flat with per-position weights ("flat"), always
-    one einsum per image in channels-last layout ("channels_last")."""
+    """Run a test under every depthwise strategy: the default choice (channels-last by tap groups where
+    the geometry allows), always one row per channel over a padded NCHW copy ("rows"), always flat NCHW
+    with per-position weights ("flat"), always one channels-last einsum per image ("windows")."""
     if request.param in ("rows", "flat"):
-        monkeypatch.setattr(_conv_depthwise, "_CHANNELS_LAST_MIN", 10 ** 9)
+        monkeypatch.setattr(_conv_channels_last, "depthwise", lambda *arguments: None)
         monkeypatch.setattr(_conv_depthwise, "_EXPAND_BELOW", 0 if request.param == "rows" else 10 ** 9)
-    elif request.param == "channels_last":
-        monkeypatch.setattr(_conv_depthwise, "_CHANNELS_LAST_MIN", 1)
-        monkeypatch.setattr(_conv_depthwise, "_CHANNELS_LAST_MAX_MAP", 10 ** 9)
+    elif request.param == "windows":
+        monkeypatch.setattr(_conv_channels_last, "_depthwise_phases", lambda *arguments: None)
+        monkeypatch.setattr(_conv_channels_last, "_WINDOWS_MIN_CHANNELS", 1)
+        monkeypatch.setattr(_conv_channels_last, "_WINDOWS_MAX_MAP", 10 ** 9)
     return request.param
 
 
@@ -84,6 +85,7 @@ def test_depthwise_large_map(stride):
 
 @pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 0, 0, 0]])
 def test_depthwise_several_images_per_chunk(pads, monkeypatch):
+    monkeypatch.setattr(_conv_channels_last, "depthwise", lambda *arguments: None)   # the NCHW kernel
     monkeypatch.setattr(_conv_depthwise, "_CHUNK", 100)  # 2 channels of 7x7 per block
     monkeypatch.setattr(_conv_depthwise, "_CHUNK_IMAGES", 300)  # 3 images per chunk, the last chunk short
     _conv((7, 5, 7, 7), (5, 1, 3, 3), group=5, pads=pads)

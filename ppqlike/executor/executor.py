@@ -24,6 +24,7 @@ from ..core.ir import Graph, Operation
 from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
 from ..core.quant_graph import overlapped_root
 from .ops import Kernel, build_kernel
+from .ops.tensor import zero_spatial_pads
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .simulation import (apply_config, apply_output_config, argument_grids, fresh_results, grid_key,
                          keeps_grid, passes_through)
@@ -58,6 +59,7 @@ class _Plan:
     steps: list
     needed_inputs: tuple
     fusions: dict = field(default_factory=dict)   # step index of a Conv -> step index of its Relu/Clip
+    pad_folds: frozenset = frozenset()  # step indices of Pads whose Convs can pad instead (see _build_plan)
 
 
 class NumpyExecutor:
@@ -170,7 +172,29 @@ class NumpyExecutor:
             if len(readers) == 1 and readers[0].type in FUSABLE_ACTIVATIONS and output.name not in keep \
                     and readers[0].inputs[0] is output and readers[0].name in position:
                 fusions[index] = position[readers[0].name]
-        return _Plan(steps, needed_inputs, fusions)
+        return _Plan(steps, needed_inputs, fusions, self._pad_folds(order, keep))
+
+    def _pad_folds(self, order: list, keep: set) -> frozenset:
+        """Indices of the constant Pads read only by unquantized Convs (as their data, with explicit pads):
+        when such a Pad turns out at run time to pad with zeros on spatial axes only, its Convs pad
+        instead (EfficientNet's exports pad before every "same" convolution: a copy of each input)."""
+        if self.graph.opset < 11:
+            return frozenset()
+        folds = set()
+        for index, operation in enumerate(order):
+            if operation.type != "Pad" or operation.domain not in ("", "ai.onnx") or operation.config is not None \
+                    or operation.attributes.get("mode", "constant") not in ("constant", b"constant"):
+                continue
+            output = operation.outputs[0]
+            readers = output.consumers
+            if output.name in keep or not readers or any(
+                    r.type != "Conv" or r.config is not None or r.inputs[0] is not output
+                    or any(v is output for v in r.inputs[1:])
+                    or r.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET", "VALID", b"VALID")
+                    for r in readers):
+                continue
+            folds.add(index)
+        return frozenset(folds)
 
     # ---------------------------------------------------------- execution --
     def prepare_inputs(self, inputs: Any) -> dict[str, np.ndarray]:
@@ -227,6 +251,7 @@ class NumpyExecutor:
                 raise ExecutionError(f"graph {self.graph.name!r}: input {name!r} was not given")
         variables = self.graph.variables
         fused_into: dict[int, object] = {}  # activation step index -> producer's pre-activation result
+        deferred_pads: dict[str, list] = {}  # output of a folded Pad (its input as it is) -> the pads it owes
         grids: dict[str, tuple] = {}  # value name -> grid key of the config that last quantized it
         for index, step in enumerate(plan.steps):
             operation = step.operation
@@ -242,6 +267,15 @@ class NumpyExecutor:
                     arguments.append(values[name])
                 else:
                     arguments.append(variables[name].value)
+            if index in plan.pad_folds and not hooks:
+                extra = zero_spatial_pads(arguments)
+                if extra is not None:   # the Convs reading it pad instead
+                    values[step.outputs[0]] = arguments[0]
+                    deferred_pads[step.outputs[0]] = extra
+                    for name in step.release:
+                        values.pop(name, None)
+                    continue
+            extra_pads = deferred_pads.get(step.inputs[0]) if deferred_pads and step.inputs else None
             arguments = self._quantize_inputs(operation, arguments, step.inputs, grids)
             runtime = self.runtime_kernels and wants_runtime_kernel(operation)   # only it reads the grids
             grids_of_arguments = argument_grids(operation, step.inputs, grids) if runtime else ()
@@ -249,21 +283,28 @@ class NumpyExecutor:
                 replaced = hook.before_operation(operation, arguments)
                 if replaced is not None:
                     arguments, grids_of_arguments = list(replaced), ()  # a hook's values may lie anywhere
+            partner = plan.fusions.get(index) if not hooks else None
+            clip = None   # a fused Relu/Clip the conv kernel applies itself, block by block
+            if partner is not None and not runtime and getattr(step.kernel, "fuses_clip", False) \
+                    and self._configs_let_fuse(operation, plan.steps[partner].operation):
+                clip = self._activation_bounds(plan.steps[partner], values, variables)
             try:
-                results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, grids_of_arguments)
+                results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, grids_of_arguments,
+                                                           clip, extra_pads)
             except PPQLikeError:
                 raise
             except Exception as error:  # a numpy error inside a kernel: name the node
                 shapes = [None if a is None else list(np.shape(a)) for a in arguments]
                 raise ExecutionError(f"{operation.type} node {operation.name!r} failed on input shapes "
                                      f"{shapes}: {type(error).__name__}: {error}") from error
-            partner = plan.fusions.get(index) if not hooks else None
-            if partner is not None and self._fusable(operation, plan.steps[partner].operation, results[0]):
+            if clip is not None or (partner is not None
+                                    and self._fusable(operation, plan.steps[partner].operation, results[0])):
                 activation = plan.steps[partner]
                 lies_on = None   # the grid the integer kernel left the (unclamped) result on
                 if on_output_grid and operation.config is not None:
                     lies_on = grid_key(overlapped_root(operation.config.output_quantization_config[0]))
-                results = self._activate_in_place(activation, results[0], values, variables, grids, lies_on)
+                results = self._activate_in_place(activation, results[0], values, variables, grids, lies_on,
+                                                  clipped=clip is not None)
                 fused_into[partner] = True
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
@@ -293,13 +334,18 @@ class NumpyExecutor:
     __call__ = forward
 
     # ---------------------------------------------------- quant simulation --
-    @staticmethod
-    def _fusable(producer: Operation, activation: Operation, value) -> bool:
+    @classmethod
+    def _fusable(cls, producer: Operation, activation: Operation, value) -> bool:
         """True when running ``activation`` in place on ``producer``'s raw result changes nothing observable."""
         if producer.type in ("Gemm", "MatMul") and not value.flags.owndata:
             return False
         if not isinstance(value, np.ndarray) or not value.flags.writeable or value.dtype.kind != "f":
             return False
+        return cls._configs_let_fuse(producer, activation)
+
+    @staticmethod
+    def _configs_let_fuse(producer: Operation, activation: Operation) -> bool:
+        """Whether no quantization stands between ``producer``'s result and ``activation``'s input."""
         between = []
         if producer.config is not None:
             between.append(producer.config.output_quantization_config[0]
@@ -309,9 +355,25 @@ class NumpyExecutor:
                            if activation.config.input_quantization_config else None)
         return all(c is None or (passes_through(c) and "requantization" not in c.detail) for c in between)
 
+    def _activation_bounds(self, step: _Step, values: dict, variables: dict) -> tuple | None:
+        """(low, high) of a Relu/Clip step (None for an absent bound), its bound inputs through its input
+        configs; None when it bounds nothing."""
+        activation = step.operation
+        if activation.type == "Relu":
+            return 0.0, None
+        arguments = [None] + [None if n is None else (values[n] if n in values else variables[n].value)
+                              for n in step.inputs[1:]]
+        arguments = self._quantize_inputs(activation, arguments)
+        low = None if len(arguments) < 2 or arguments[1] is None else arguments[1]
+        high = None if len(arguments) < 3 or arguments[2] is None else arguments[2]
+        if self.graph.opset < 11:
+            low, high = activation.attributes.get("min"), activation.attributes.get("max")
+        return None if low is None and high is None else (low, high)
+
     def _activate_in_place(self, step: _Step, value: np.ndarray, values: dict, variables: dict,
-                           grids: dict, lies_on: tuple | None = None) -> list:
-        """Apply a Relu/Clip step to ``value`` in place, then its output quantization.
+                           grids: dict, lies_on: tuple | None = None, clipped: bool = False) -> list:
+        """Apply a Relu/Clip step to ``value`` in place (``clipped``: the producer's kernel did), then its
+        output quantization.
 
         ``lies_on``: the grid key ``value`` lies on, unclamped (an integer kernel put it there).  When
         the activation's output config quantizes to that grid, quantize(clip(v, lo, hi)) equals
@@ -319,16 +381,8 @@ class NumpyExecutor:
         grid points in range unchanged), so one clip does both.
         """
         activation = step.operation
-        arguments = [value] + [None if n is None else (values[n] if n in values else variables[n].value)
-                               for n in step.inputs[1:]]
-        arguments = self._quantize_inputs(activation, arguments)
-        if activation.type == "Relu":
-            low, high = 0.0, None
-        else:
-            low = None if len(arguments) < 2 or arguments[1] is None else arguments[1]
-            high = None if len(arguments) < 3 or arguments[2] is None else arguments[2]
-            if self.graph.opset < 11:
-                low, high = activation.attributes.get("min"), activation.attributes.get("max")
+        bounds = None if clipped else self._activation_bounds(step, values, variables)
+        low, high = bounds if bounds is not None else (None, None)
         output = activation.config.output_quantization_config[0] \
             if activation.config is not None and activation.config.output_quantization_config else None
         if lies_on is not None and output is not None and output.requantization is None \
@@ -339,7 +393,7 @@ class NumpyExecutor:
             np.clip(value, bounds[0], bounds[1], out=value)
             grids[step.outputs[0]] = lies_on
             return [value]
-        if activation.type == "Relu":
+        if activation.type == "Relu" and not clipped:
             np.clip(value, 0, np.inf, out=value)   # numpy's two-bound clip: about 2x maximum's speed
         elif low is not None or high is not None:
             np.clip(value, low, high, out=value)
@@ -383,15 +437,19 @@ class NumpyExecutor:
                     grids[names[index]] = key
         return quantized
 
-    def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list, argument_grids: tuple = ()
-                    ) -> tuple[list, bool]:
+    def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list, argument_grids: tuple = (),
+                    clip: tuple | None = None, extra_pads: list | None = None) -> tuple[list, bool]:
         """The op's raw results: its float kernel, or the deployment runtime's integer kernel where marked;
-        and whether they already lie on the output configs' grids (the integer kernel's do)."""
+        and whether they already lie on the output configs' grids (the integer kernel's do).  ``clip``:
+        a fused activation's bounds, for a float kernel that applies them (``fuses_clip``); ``extra_pads``:
+        the padding a folded Pad left to this Conv."""
         if self.runtime_kernels and wants_runtime_kernel(operation):
             results = run_runtime_kernel(operation, kernel, arguments, argument_grids)
             if results is not None:
                 return results, True
-        return kernel(arguments), False
+        if clip is None and extra_pads is None:
+            return kernel(arguments), False
+        return kernel(arguments, clip=clip, extra_pads=extra_pads), False
 
     def run_operation(self, operation: Operation, inputs: list, quantized: bool = True) -> list:
         """Run one op on given input arrays (through its configs when ``quantized``)."""

@@ -1,4 +1,6 @@
-"""Fast numpy depthwise 2-D convolution (one filter per channel), used by ``conv.py``.
+"""Depthwise 2-D convolution (one filter per channel) in NCHW, used by ``conv.py`` for what
+``_conv_channels_last`` does not take: "valid" geometries on large maps of few channels, and inputs
+holding inf or NaN.
 
 A few shifted multiply-adds (``np.multiply(..., out=tmp)``, ``np.add(...,
 out=acc)``) per chunk of about ``_CHUNK`` elements (one image or a few, a
@@ -26,8 +28,6 @@ _CHUNK = 1 << 15          # elements per chunk array (128 KiB of float32): acc, 
 _EXPAND_BELOW = 3000      # positions per channel below which weights are expanded per position
 _CHUNK_IMAGES = 1 << 16   # elements per chunk when several images share one (small maps)
 _CHUNK_PADDED = 1 << 16   # elements per chunk of the padded method (large maps, long rows)
-_CHANNELS_LAST_MIN = 64   # channels from which maps of at most _CHANNELS_LAST_MAX_MAP positions ...
-_CHANNELS_LAST_MAX_MAP = 60 * 60   # ... run channels-last, one einsum per image (EfficientNet pads 56 to 58-59)
 
 
 def _run_split(run, images: int, blocks: int) -> None:
@@ -47,65 +47,37 @@ def depthwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides,
 
     ``pads`` is (top, left, bottom, right).  Returns [N,C,Ho,Wo] of ``dtype``.
     """
-    n, c, h, wd = x.shape
+    h, wd = x.shape[2:]
     kh, kw = w.shape[2], w.shape[3]
     (sh, sw), (dh, dw) = strides, dilations
     ho = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
     wo = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
-    if c >= _CHANNELS_LAST_MIN and 0 < ho * wo and h * wd <= _CHANNELS_LAST_MAX_MAP:
-        return _depthwise_channels_last(x, w, b, pads, strides, dilations, dtype, ho, wo)
-    if 0 < ho * wo < _EXPAND_BELOW:
-        source, same_pads = x, pads
-        if (ho * sh != h or wo * sw != wd) and not any(pads):
-            # a "valid" convolution of an input padded beforehand (an explicit Pad op, as in
-            # EfficientNet): when the extra border is zero, it is a "same" one of the interior
-            split = _zero_border(x, h - ho * sh, wd - wo * sw)
-            if split is not None:
-                top, left, bottom, right = split
-                source, same_pads = x[:, :, top:h - bottom, left:wd - right], split
-        if ho * sh == source.shape[2] and wo * sw == source.shape[3]:
-            out = _depthwise_same(source, w, b, same_pads, strides, dilations, dtype, ho, wo)
-            if out is not None:
-                return out
+    same = same_geometry(x, pads, strides, ho, wo) if 0 < ho * wo < _EXPAND_BELOW else None
+    if same is not None:
+        out = _depthwise_same(same[0], w, b, same[1], strides, dilations, dtype, ho, wo)
+        if out is not None:
+            return out
     return _depthwise_padded(x, w, b, pads, strides, dilations, dtype)
 
 
-def _depthwise_channels_last(x, w, b, pads, strides, dilations, dtype, ho, wo) -> np.ndarray:
-    """Depthwise convolution of one image at a time in channels-last layout, all taps in one einsum.
-
-    The image is copied, transposed to [H, W, C], into the interior of a zero-bordered buffer (the
-    border is written once per thread); a strided view [Ho, Wo, kh, kw, C] of it contracts with the
-    weights [kh, kw, C] in a single pass (``einsum``, which releases the GIL: the images run on the
-    kernel threads), and the [Ho, Wo, C] result is transposed back.  About twice as fast as the
-    shifted multiply-adds on maps up to about 60x60 with many channels (MobileNetV2's 14x14 layers:
-    4.9 -> 2.6 ms; EfficientNet's 5x5 ones: 11.0 -> 4.9 ms), slower on large maps of few channels.
-    """
-    n, c, h, wd = x.shape
-    kh, kw = w.shape[2], w.shape[3]
-    (sh, sw), (dh, dw) = strides, dilations
-    pt, pl, pb, pr = pads
-    taps = np.ascontiguousarray(w.reshape(c, kh, kw).transpose(1, 2, 0), dtype=dtype)
-    bias = None if b is None else b.astype(dtype, copy=False)
-    out = np.empty((n, c, ho, wo), dtype)
-
-    def run(images):
-        padded = np.zeros((h + pt + pb, wd + pl + pr, c), dtype)
-        result = np.empty((ho, wo, c), dtype)
-        rows, cols, channels = padded.strides
-        windows = as_strided(padded, shape=(ho, wo, kh, kw, c),
-                             strides=(rows * sh, cols * sw, rows * dh, cols * dw, channels))
-        for image in range(*images):
-            padded[pt:pt + h, pl:pl + wd] = x[image].transpose(1, 2, 0)
-            np.einsum("hwijc,ijc->hwc", windows, taps, out=result)
-            if bias is not None:
-                result += bias
-            out[image] = result.transpose(2, 0, 1)
-
-    parallel(run, split_evenly(n, num_threads()))
-    return out
+def same_geometry(x: np.ndarray, pads, strides, ho: int, wo: int):
+    """(input, pads) running a convolution with output ``ho`` x ``wo`` as one whose output grid is its
+    input's stride-phase grid ("same"): ``x`` itself when it is so; the interior of ``x`` when the
+    convolution is a "valid" one of an input padded beforehand with zeros (an explicit Pad op, as in
+    EfficientNet), the border becoming pads; None otherwise."""
+    h, wd = x.shape[2], x.shape[3]
+    (sh, sw), source = strides, x
+    if (ho * sh != h or wo * sw != wd) and not any(pads):
+        split = zero_border(x, h - ho * sh, wd - wo * sw)
+        if split is not None:
+            top, left, bottom, right = split
+            source, pads = x[:, :, top:h - bottom, left:wd - right], split
+    if ho * sh == source.shape[2] and wo * sw == source.shape[3]:
+        return source, pads
+    return None
 
 
-def _zero_border(x: np.ndarray, rows: int, cols: int):
+def zero_border(x: np.ndarray, rows: int, cols: int):
     """(top, left, bottom, right) with top + bottom = rows and left + right = cols such that those
     rows and columns of ``x`` are all zero; None if there is none (or rows/cols is negative)."""
     if rows < 0 or cols < 0:

@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import _conv_depthwise, _conv_fast, _threads
+from . import _conv_channels_last, _conv_depthwise, _conv_fast, _threads
 from .base import Kernel, attribute, unsupported
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -119,8 +119,14 @@ def _conv_pads(attrs: _Attributes, spatial, kernel, strides, dilations) -> tuple
 
 
 # --------------------------------------------------------------------- Conv --
-def _conv2d(x, w, b, pads, strides, dilations, group, dtype) -> np.ndarray:
-    """2-D convolution: pads is (top, left, bottom, right)."""
+def _conv2d(x, w, b, pads, strides, dilations, group, dtype, clip=None) -> np.ndarray:
+    """2-D convolution: pads is (top, left, bottom, right); ``clip`` = (low, high) of a fused Relu/Clip
+    applied to the result (None: none).
+
+    Layout (see ``_conv_channels_last``): a depthwise result is stored channels-last (its fast paths
+    compute that way), a 1x1 one in its input's layout (so a depthwise-pointwise stack never
+    transposes), any other NCHW (a GEMM of patches writes NCHW fastest).
+    """
     ci = x.shape[1]
     co, cg, kh, kw = w.shape
     if group == 1 and kh == 1 and kw == 1:
@@ -128,12 +134,24 @@ def _conv2d(x, w, b, pads, strides, dilations, group, dtype) -> np.ndarray:
             x = np.pad(x, [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
         if strides[0] > 1 or strides[1] > 1:
             x = x[:, :, ::strides[0], ::strides[1]]
-        return _conv_fast.pointwise(x, w, b, dtype)
+        if _conv_channels_last.is_channels_last(x):
+            return _conv_channels_last.pointwise(x, w, b, dtype, clip)
+        return _clipped(_conv_fast.pointwise(x, w, b, dtype), clip)
     if group == ci and cg == 1:
         if co != ci:  # channel multiplier: output channel o reads input channel o // (co / ci)
             x = np.repeat(x, co // ci, axis=1)
-        return _conv_depthwise.depthwise(x, w, b, pads, strides, dilations, dtype)
-    return _conv_fast.im2col(x, w, b, pads, strides, dilations, group, dtype)
+        out = _conv_channels_last.depthwise(x, w, b, pads, strides, dilations, dtype, clip)
+        if out is not None:
+            return out
+        return _clipped(_conv_depthwise.depthwise(x, w, b, pads, strides, dilations, dtype), clip)
+    return _conv_fast.im2col(x, w, b, pads, strides, dilations, group, dtype, clip)
+
+
+def _clipped(y: np.ndarray, clip) -> np.ndarray:
+    """``y`` clipped in place to ``clip`` = (low, high) (None: as it is)."""
+    if clip is not None:
+        np.clip(y, clip[0], clip[1], out=y)
+    return y
 
 
 def _conv_nd(x, w, b, begin, end, strides, dilations, group, dtype) -> np.ndarray:
@@ -170,22 +188,33 @@ def _conv_nd(x, w, b, begin, end, strides, dilations, group, dtype) -> np.ndarra
 def _build_conv(op, opset: int) -> Kernel:
     attrs = _Attributes(op)
 
-    def kernel(inputs):
+    def kernel(inputs, clip=None, extra_pads=None):
+        """``clip`` = (low, high): a Relu/Clip fused into the convolution, applied to its result (where
+        a path can, block by block while the block is in cache).  ``extra_pads``: zero padding of the
+        input (spatial begins, then ends) that a Pad folded into this convolution left to it."""
         x, w = inputs[0], inputs[1]
         b = inputs[2] if len(inputs) > 2 else None
         rank, ks, strides, dilations = attrs.resolve(x, w)
         if b is not None and b.shape != (w.shape[0],):
             raise unsupported(op, f"bias of shape {list(b.shape)} for {w.shape[0]} output channels")
         begin, end = _conv_pads(attrs, x.shape[2:], ks, strides, dilations)
+        if extra_pads is not None:
+            begin = [p + q for p, q in zip(begin, extra_pads[:rank])]
+            end = [p + q for p, q in zip(end, extra_pads[rank:])]
         dtype = _compute_dtype(x)
+        inner = clip if dtype == x.dtype else None   # float16: clipped after the cast back, as it would be
         if rank == 1:
             y = _conv2d(x[:, :, None, :], w[:, :, None, :], b, (0, begin[0], 0, end[0]),
-                        (1, strides[0]), (1, dilations[0]), attrs.group, dtype)[:, :, 0, :]
+                        (1, strides[0]), (1, dilations[0]), attrs.group, dtype, inner)[:, :, 0, :]
         elif rank == 2:
-            y = _conv2d(x, w, b, (begin[0], begin[1], end[0], end[1]), strides, dilations, attrs.group, dtype)
+            y = _conv2d(x, w, b, (begin[0], begin[1], end[0], end[1]), strides, dilations, attrs.group, dtype,
+                        inner)
         else:
-            y = _conv_nd(x, w, b, begin, end, strides, dilations, attrs.group, dtype)
+            y = _clipped(_conv_nd(x, w, b, begin, end, strides, dilations, attrs.group, dtype), inner)
+        if inner is None and clip is not None:
+            return [_clipped(y.astype(x.dtype), clip)]
         return [y.astype(x.dtype, copy=False)]
+    kernel.fuses_clip = True
     return kernel
 
 

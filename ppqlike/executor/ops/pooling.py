@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ._conv_channels_last import is_channels_last
 from ._threads import parallel_over
 from .base import Kernel, attribute, unsupported
 
@@ -78,39 +79,46 @@ class _Window:
         return begin, end, outs
 
 
-def _padded(x: np.ndarray, begin, outs, window: _Window, fill) -> np.ndarray:
-    """``x`` padded with ``fill`` so that every window of every output lies inside."""
-    widths = [(0, 0), (0, 0)]
-    for axis, size in enumerate(x.shape[2:]):
+def _padded(planes: np.ndarray, begin, outs, window: _Window, fill) -> np.ndarray:
+    """``planes`` [P, *spatial, (C)] padded with ``fill`` on its spatial axes so that every window of every
+    output lies inside."""
+    rank = len(outs)
+    widths = [(0, 0)]
+    for axis, size in enumerate(planes.shape[1:1 + rank]):
         need = (outs[axis] - 1) * window.strides[axis] + window.dilations[axis] * (window.kernel[axis] - 1) + 1
         widths.append((begin[axis], max(0, need - begin[axis] - size)))
+    widths += [(0, 0)] * (planes.ndim - 1 - rank)
     if not any(b or e for b, e in widths):
-        return x
-    shape = [s + b + e for s, (b, e) in zip(x.shape, widths)]
-    padded = np.full(shape, fill, dtype=x.dtype)
-    padded[tuple(slice(b, b + s) for (b, _), s in zip(widths, x.shape))] = x
+        return planes
+    shape = [s + b + e for s, (b, e) in zip(planes.shape, widths)]
+    padded = np.full(shape, fill, dtype=planes.dtype)
+    padded[tuple(slice(b, b + s) for (b, _), s in zip(widths, planes.shape))] = planes
     return padded
 
 
 _CHUNK = 1 << 18   # input elements per chunk of planes: the intermediate results stay in cache
 
 
-def _reduce_axes(x: np.ndarray, outs, window: _Window, ufunc) -> np.ndarray:
-    """Reduce every window of (padded) ``x`` with ``ufunc``, one spatial axis at a time.
+def _reduce_windows(x: np.ndarray, begin, outs, window: _Window, ufunc, fill) -> np.ndarray:
+    """Reduce every window of ``x`` (padded with ``fill``) with ``ufunc``, one spatial axis at a time.
 
-    The (N, C) planes are processed a chunk at a time, so that the partly
-    reduced intermediate is still in cache for the next axis; the chunks are
-    shared out among the kernel threads.
+    The planes are processed a chunk at a time, so that the partly reduced intermediate is still in
+    cache for the next axis; the chunks are shared out among the kernel threads.  A channels-last
+    ``x`` (see ``_conv_channels_last``) is reduced as [N, H, W, C] images, its result channels-last
+    too; any other as [N*C, *spatial] planes.
     """
     n, c = x.shape[:2]
-    spatial = x.shape[2:]
-    planes = x.reshape((n * c,) + spatial)
-    result = np.empty((n * c,) + tuple(outs), x.dtype)
-    step = max(1, _CHUNK // max(1, int(np.prod(spatial))))
+    channels_last = is_channels_last(x) and not x.flags.c_contiguous
+    planes = x.transpose(0, 2, 3, 1) if channels_last else x.reshape((n * c,) + x.shape[2:])
+    planes = _padded(planes, begin, outs, window, fill)
+    count = planes.shape[0]
+    trailing = planes.shape[1 + len(outs):]
+    result = np.empty((count,) + tuple(outs) + trailing, x.dtype)
+    step = max(1, _CHUNK // max(1, int(np.prod(planes.shape[1:]))))
     order = sorted(range(len(outs)), key=lambda a: -window.strides[a])  # shrink the most first
-    parallel_over(lambda p0: _reduce_chunk(planes, result, p0, min(n * c, p0 + step), order, outs, window, ufunc),
-                  range(0, n * c, step))
-    return result.reshape((n, c) + tuple(outs))
+    parallel_over(lambda p0: _reduce_chunk(planes, result, p0, min(count, p0 + step), order, outs, window, ufunc),
+                  range(0, count, step))
+    return result.transpose(0, 3, 1, 2) if channels_last else result.reshape((n, c) + tuple(outs))
 
 
 def _reduce_chunk(planes, result, p0, p1, order, outs, window: _Window, ufunc) -> None:
@@ -151,11 +159,13 @@ def _build_max_pool(op, opset: int) -> Kernel:
         _check_float(op, x)
         begin, end, outs = window.geometry(x)
         fill = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
-        xp = _padded(x, begin, outs, window, fill)
-        y = _reduce_axes(xp, outs, window, np.maximum)
         if not want_indices:
-            return [y]
-        return [y, _max_indices(x, xp, begin, outs, window, storage_order)]
+            return [_reduce_windows(x, begin, outs, window, np.maximum, fill)]
+        x = np.ascontiguousarray(x)
+        xp = _padded(x.reshape((-1,) + x.shape[2:]), begin, outs, window, fill)
+        xp = xp.reshape(x.shape[:2] + xp.shape[1:])
+        return [_reduce_windows(x, begin, outs, window, np.maximum, fill),
+                _max_indices(x, xp, begin, outs, window, storage_order)]
     return kernel
 
 
@@ -217,8 +227,7 @@ def _build_average_pool(op, opset: int) -> Kernel:
         if not np.issubdtype(x.dtype, np.floating):
             raise unsupported(op, f"AveragePool of a {x.dtype} tensor")
         begin, end, outs = window.geometry(x)
-        xp = _padded(x, begin, outs, window, 0)
-        y = _reduce_axes(xp, outs, window, np.add)
+        y = _reduce_windows(x, begin, outs, window, np.add, 0)
         counts = _window_counts(x.shape, begin, end, outs, window, include_pad, x.dtype)
         np.divide(y, counts, out=y)
         return [y]
@@ -235,7 +244,7 @@ def _build_lp_pool(op, opset: int) -> Kernel:
             raise unsupported(op, f"LpPool of a {x.dtype} tensor")
         begin, end, outs = window.geometry(x)
         powered = np.abs(x) ** x.dtype.type(p)
-        y = _reduce_axes(_padded(powered, begin, outs, window, 0), outs, window, np.add)
+        y = _reduce_windows(powered, begin, outs, window, np.add, 0)
         return [np.power(y, x.dtype.type(1.0 / p), out=y)]
     return kernel
 
@@ -247,7 +256,10 @@ def _global(reduce):
             x = inputs[0]
             if x.ndim < 3:
                 raise unsupported(op, f"{op.type} of an input of rank {x.ndim} (need [N, C, spatial...])")
-            flat = x.reshape(x.shape[0], x.shape[1], -1)
+            if is_channels_last(x) and not x.flags.c_contiguous:   # reduce [N, H*W, C] over its middle axis
+                flat = x.transpose(0, 2, 3, 1).reshape(x.shape[0], -1, x.shape[1]).transpose(0, 2, 1)
+            else:
+                flat = x.reshape(x.shape[0], x.shape[1], -1)
             return [reduce(flat).reshape(x.shape[:2] + (1,) * (x.ndim - 2)).astype(x.dtype, copy=False)]
         return kernel
     return build

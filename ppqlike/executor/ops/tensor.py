@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._conv_channels_last import is_channels_last
 from .base import attribute, by_opset, normalize_axis, unsupported
 
 
@@ -100,7 +101,12 @@ def _concat(op, opset):
 
     def kernel(inputs):
         arrays = [a for a in inputs if a is not None]
-        return [np.concatenate(arrays, axis=normalize_axis(axis, arrays[0].ndim))]
+        along = normalize_axis(axis, arrays[0].ndim)
+        if arrays[0].ndim == 4 and along == 1 and all(is_channels_last(a) and a.shape[1] > 1 for a in arrays):
+            # channels-last inputs (conv outputs): joined along their innermost axis, result channels-last
+            joined = np.concatenate([a.transpose(0, 2, 3, 1) for a in arrays], axis=3)
+            return [joined.transpose(0, 3, 1, 2)]
+        return [np.concatenate(arrays, axis=along)]
     return kernel
 
 
@@ -182,6 +188,29 @@ def _tile(op, opset):
 
 
 # ---------------------------------------------------------------------- Pad --
+def pad_widths(inputs, rank: int) -> list[list[int]]:
+    """[begin, end] per axis of a Pad's inputs (data, pads[, constant_value[, axes]])."""
+    pads = ints(inputs[1])
+    axes = optional(inputs, 3)
+    axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in ints(axes)]
+    widths = [[0, 0] for _ in range(rank)]
+    for i, axis in enumerate(axes):
+        widths[axis] = [pads[i], pads[i + len(axes)]]
+    return widths
+
+
+def zero_spatial_pads(inputs) -> list[int] | None:
+    """A Pad's amounts as Conv pads (spatial begins, then ends) when it pads with zeros, only spatial axes,
+    and never crops; None otherwise (a Pad a convolution's own pads cannot do)."""
+    data, value = inputs[0], optional(inputs, 2)
+    if data.ndim < 3 or (value is not None and np.size(value) and np.asarray(value).reshape(-1)[0] != 0):
+        return None
+    widths = pad_widths(inputs, data.ndim)
+    if any(b or e for b, e in widths[:2]) or any(b < 0 or e < 0 for b, e in widths):
+        return None
+    return [b for b, _ in widths[2:]] + [e for _, e in widths[2:]]
+
+
 def _pad(op, opset):
     mode = attribute(op, "mode", "constant")
     if isinstance(mode, bytes):
@@ -191,15 +220,8 @@ def _pad(op, opset):
 
     def kernel(inputs):
         data = inputs[0]
-        rank = data.ndim
-        pads = ints(inputs[1])
+        widths = pad_widths(inputs, data.ndim)
         value = optional(inputs, 2)
-        axes = optional(inputs, 3)
-        axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in ints(axes)]
-        n = len(axes)
-        widths = [[0, 0] for _ in range(rank)]
-        for i, axis in enumerate(axes):
-            widths[axis] = [pads[i], pads[i + n]]
         if any(b < 0 or e < 0 for b, e in widths):  # negative pads crop first
             data = data[tuple(slice(-min(b, 0), d + min(e, 0))
                               for (b, e), d in zip(widths, data.shape))]
