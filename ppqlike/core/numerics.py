@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ppqlike.core.errors import CalibrationDataError, QuantizationStateError
+from ppqlike.core.layout import empty_like_dense, flat_view, memory_axes, same_layout
 from ppqlike.core.rounding import RoundingPolicy, round_inplace, round_into, round_values
 
 __all__ = [
@@ -173,13 +174,13 @@ _BLOCK = 1 << 17   # elements per block of the per-tensor path (512 KiB of float
 
 
 def _blockwise_applies(x, scale, offset, qmin, qmax, channel_axis, out) -> bool:
-    """Per-tensor float32 quantization of a contiguous array with a float32 scale (the activations)."""
-    if x.dtype != np.float32 or not x.flags.c_contiguous or x.ndim == 0 or not _is_f32(scale):
+    """Per-tensor float32 quantization of a dense array (any memory order, see ``layout``) with a float32
+    scale (the activations); ``out``, if given, laid out as ``x``."""
+    if x.dtype != np.float32 or x.ndim == 0 or not _is_f32(scale) or memory_axes(x) is None:
         return False
     if np.size(scale) != 1 or np.size(offset) != 1 or not (-_F32_EXACT <= qmin and qmax <= _F32_EXACT):
         return False
-    if out is not None and (out.dtype != np.float32 or out.shape != x.shape or not out.flags.c_contiguous
-                            or not out.flags.writeable):
+    if out is not None and (out.dtype != np.float32 or not same_layout(out, x) or not out.flags.writeable):
         return False
     return True
 
@@ -196,8 +197,8 @@ def _fake_quantize_blocks(x, scale, offset, qmin, qmax, rounding, out) -> np.nda
         raise QuantizationStateError(f"offset must be integer-valued, got {z!r}")
     z = int(z)
     low, high = np.float32(qmin - z), np.float32(qmax - z)
-    result = np.empty_like(x) if out is None else out
-    source, target = x.reshape(-1), result.reshape(-1)
+    result = empty_like_dense(x) if out is None else out
+    source, target = flat_view(x), flat_view(result)
     scratch = np.empty(min(_BLOCK, source.size), np.float32)   # x / S, then its distance to rint
     for start in range(0, source.size, _BLOCK):
         block = target[start:start + _BLOCK]

@@ -5,14 +5,16 @@ onnxruntime runs work on the codes q - z.  These helpers recover them (checking
 the value lies on the grid, unless the executor knows it does), bound them, and
 turn codes back into values exactly as ``TensorQuantizationConfig.dequantize``
 does.  Per-tensor work runs a cache-sized block at a time.  Reads configs;
-writes nothing.  ``channel_view`` / ``channel_chunks`` cut elementwise work on
-per-channel factors into cache-sized blocks (both requantizations use them).
+writes nothing.  ``channel_chunks`` cuts elementwise work on per-channel factors
+(an array seen through ``core.layout.channel_view``) into cache-sized blocks (both
+requantizations use it).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..core.layout import empty_like_dense, flat_view, memory_axes
 from ..core.numerics import along_channel_axis
 from ..core.quant import TensorQuantizationConfig
 
@@ -39,7 +41,8 @@ def integer_codes(config: TensorQuantizationConfig, value, on_grid: bool = False
     dtype = F32 if value.dtype == F32 else np.float64
     scale = along_channel_axis(np.asarray(config.scale, dtype), value.ndim, value.shape, config.channel_axis)
     if scale.ndim == 0 and value.size > BLOCK:
-        return _integers_blockwise(np.ascontiguousarray(value), scale, dtype, check=not on_grid)
+        return _integers_blockwise(value if memory_axes(value) else np.ascontiguousarray(value), scale, dtype,
+                                   check=not on_grid)
     if on_grid and value.ndim:
         integers = np.divide(value, scale, dtype=dtype)
         return np.rint(integers, out=integers)
@@ -60,8 +63,8 @@ def _on_grid(steps: np.ndarray, integers: np.ndarray) -> bool:
 
 
 def _integers_blockwise(value: np.ndarray, scale: np.ndarray, dtype, check: bool) -> np.ndarray | None:
-    integers = np.empty(value.shape, dtype)
-    source, target = value.reshape(-1), integers.reshape(-1)
+    integers = empty_like_dense(value, dtype)   # in the value's memory order (channels-last stays so)
+    source, target = flat_view(value), flat_view(integers)
     scratch = np.empty(BLOCK, dtype) if check else None
     for start in range(0, source.size, BLOCK):
         block = target[start:start + BLOCK]
@@ -97,15 +100,6 @@ def dequantize_codes(output: TensorQuantizationConfig, codes: np.ndarray) -> np.
 def zero_point(config: TensorQuantizationConfig) -> int:
     """The zero point of a per-tensor config."""
     return int(np.asarray(config.offset).reshape(-1)[0])
-
-
-def channel_view(shape: tuple, axis: int | None) -> tuple:
-    """(outer, channels, inner): the 3-D view of a contiguous array of ``shape`` with the channels of
-    ``axis`` in the middle (None: one channel, every element a row)."""
-    if axis is None:
-        return (int(np.prod(shape, dtype=np.int64)), 1, 1)
-    axis %= len(shape)
-    return (int(np.prod(shape[:axis], dtype=np.int64)), shape[axis], int(np.prod(shape[axis + 1:], dtype=np.int64)))
 
 
 def channel_chunks(view: tuple, block: int = BLOCK):

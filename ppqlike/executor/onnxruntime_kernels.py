@@ -44,11 +44,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.ir import Operation
+from ..core.layout import channel_view, empty_like_dense, flat_view, memory_axes, same_layout
 from ..core.numerics import along_channel_axis
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..core.quant_graph import awaits_master, overlapped_root
 from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
-from .integer_codes import (BLOCK, channel_chunks, channel_view, code_bound, dequantize_codes, integer_codes,
+from .integer_codes import (BLOCK, channel_chunks, code_bound, dequantize_codes, integer_codes,
                             largest_magnitude, per_tensor, zero_point)
 from .simulation import grid_key
 
@@ -130,7 +131,7 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
     ``accumulator``, a cache-sized block at a time.
     """
     zero = zero_point(output)
-    fresh = accumulator.dtype == _F32 and accumulator.flags.writeable and accumulator.flags.c_contiguous
+    fresh = accumulator.dtype == _F32 and accumulator.flags.writeable and memory_axes(accumulator) is not None
     multiplier = np.asarray(multiplier, _F32).reshape(-1)
     scale = np.asarray(output.scale)
     if bias is not None and (not fresh or scale.dtype != _F32 or scale.size != 1 or axis is None):
@@ -147,9 +148,9 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
     scale = scale.reshape(())
     if bias is not None and multiplier.size == 1:   # blocks along the channels, for the bias
         multiplier = np.full(q.shape[axis], multiplier[0], _F32)
-    view = channel_view(q.shape, axis if multiplier.size > 1 else None)
-    factors, blocks = multiplier.reshape(1, -1, 1), q.reshape(view)
-    for rows, channels in channel_chunks(view):
+    blocks = channel_view(q, axis if multiplier.size > 1 else None)   # q in memory order, channels middle
+    factors = multiplier.reshape(1, -1, 1)
+    for rows, channels in channel_chunks(blocks.shape):
         block, factor = blocks[rows, channels], factors[:, channels]
         if bias is not None:   # float32(acc + bias), the sum exact in float64
             np.add(block, bias[channels].reshape(factor.shape), out=block, dtype=np.float64, casting="same_kind")
@@ -274,10 +275,10 @@ def _binary(arithmetic: Callable, scalars: bool):
                            output.scale, zero_point(output), output.quant_min, output.quant_max)
             q -= zero_point(output)
             return dequantize_codes(output, q)
-        if a.shape != b.shape or a.size <= BLOCK:
+        if not same_layout(a, b) or a.size <= BLOCK or memory_axes(a) is None:
             return [compute(a, b)]
-        out = np.empty(a.shape, _F32)   # elementwise: block by block, the float64 temporaries in cache
-        flat_a, flat_b, flat_out = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+        out = empty_like_dense(a, _F32)   # elementwise: block by block, the float64 temporaries in cache
+        flat_a, flat_b, flat_out = flat_view(a), flat_view(b), flat_view(out)
         for start in range(0, flat_a.size, BLOCK):
             flat_out[start:start + BLOCK] = compute(flat_a[start:start + BLOCK], flat_b[start:start + BLOCK])
         return [out]

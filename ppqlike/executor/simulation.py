@@ -26,10 +26,11 @@ import numpy as np
 
 from ..core import numerics
 from ..core.ir import Graph, Operation
+from ..core.layout import channel_view, empty_like_dense, memory_axes
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 from ..core.rounding import RoundingPolicy, round_inplace
-from .integer_codes import channel_chunks, channel_view
+from .integer_codes import channel_chunks
 
 #: policies under which fake-quantizing a value already on the grid gives it back unchanged
 #: (x / S lies within a few ulps of an integer, and these round that to the integer)
@@ -104,7 +105,7 @@ def fresh_results(operation: Operation, results: list, arguments: list) -> tuple
     if operation.config is None or operation.type == "Constant":
         return ()
     return tuple(isinstance(value, np.ndarray) and value.dtype == np.float32 and value.flags.writeable
-                 and value.flags.c_contiguous
+                 and memory_axes(value) is not None
                  and not any(isinstance(a, np.ndarray) and np.may_share_memory(value, a) for a in arguments)
                  for value in results)
 
@@ -124,12 +125,12 @@ def requantize_output(config: TensorQuantizationConfig, value):
     per_channel = facts.per_channel
     accumulator_scale = np.asarray(facts.accumulator_scale, np.float64).reshape(-1)
     multiplier, shift = np.asarray(facts.multiplier).reshape(-1), np.asarray(facts.right_shift).reshape(-1)
-    source = np.ascontiguousarray(value)
-    shape = source.shape
-    view = channel_view(shape, axis if per_channel else None)   # the factors along its middle axis
-    source = source.reshape(view)
-    out = np.empty(view, np.float32)
-    for rows, channel_range in channel_chunks(view):
+    if memory_axes(value) is None:
+        value = np.ascontiguousarray(value)
+    result = empty_like_dense(value, np.float32)
+    source = channel_view(value, axis if per_channel else None)   # the factors along its middle axis
+    out = channel_view(result, axis if per_channel else None)
+    for rows, channel_range in channel_chunks(source.shape):
         block = source[rows, channel_range]
         if per_channel:
             factors = accumulator_scale[channel_range].reshape(1, -1, 1)
@@ -138,7 +139,7 @@ def requantize_output(config: TensorQuantizationConfig, value):
             factors, m, r = accumulator_scale[0], int(multiplier[0]), int(shift[0])
         acc = np.rint(block.astype(np.float64) / factors)
         out[rows, channel_range] = _requantize_block(acc, m, r, config, per_channel)
-    return out.reshape(shape)
+    return result
 
 
 def _requantize_block(acc: np.ndarray, multiplier, shift, config: TensorQuantizationConfig, per_channel: bool):
