@@ -9,7 +9,9 @@ Quantization simulation: when an op carries an OperationQuantizationConfig,
 the inputs and outputs whose configs are in an applied state are
 fake-quantized around the kernel (see ``ppqlike.executor.simulation``); ops
 marked for the deployment runtime's integer kernels are computed as those
-kernels compute them (``ppqlike.executor.onnxruntime_kernels``).
+kernels compute them (``ppqlike.executor.onnxruntime_kernels``).  Without hooks,
+a Relu/Clip runs inside or in place on its producer's result and a zero Pad
+is done by the Convs reading it (``ppqlike.executor.fusion``).
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ import numpy as np
 
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
-from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
 from ..core.quant_graph import overlapped_root
+from .fusion import activate_in_place, activation_bounds, activation_partners, configs_let_fuse, fusable, pad_folds
+from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .ops import Kernel, build_kernel
 from .ops.tensor import zero_spatial_pads
-from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
-from .simulation import (apply_config, apply_output_config, argument_grids, fresh_results, grid_key,
-                         keeps_grid, passes_through)
+from .simulation import argument_grids, fresh_results, grid_key, quantize_inputs, quantize_outputs
 
 
 class OperationHook:
@@ -162,39 +163,8 @@ class NumpyExecutor:
             for i, op in enumerate(order)]
         needed_inputs = tuple(n for n in (v.name for v in graph.inputs)
                               if n in last_use or n in keep)
-        position = {op.name: i for i, op in enumerate(order)}
-        fusions = {}
-        for index, operation in enumerate(order):
-            if operation.type not in COMPUTING_TYPES or len(operation.outputs) != 1:
-                continue
-            output = operation.outputs[0]
-            readers = output.consumers
-            if len(readers) == 1 and readers[0].type in FUSABLE_ACTIVATIONS and output.name not in keep \
-                    and readers[0].inputs[0] is output and readers[0].name in position:
-                fusions[index] = position[readers[0].name]
-        return _Plan(steps, needed_inputs, fusions, self._pad_folds(order, keep))
+        return _Plan(steps, needed_inputs, activation_partners(order, keep), pad_folds(order, keep, graph.opset))
 
-    def _pad_folds(self, order: list, keep: set) -> frozenset:
-        """Indices of the constant Pads read only by unquantized Convs (as their data, with explicit pads):
-        when such a Pad turns out at run time to pad with zeros on spatial axes only, its Convs pad
-        instead (EfficientNet's exports pad before every "same" convolution: a copy of each input)."""
-        if self.graph.opset < 11:
-            return frozenset()
-        folds = set()
-        for index, operation in enumerate(order):
-            if operation.type != "Pad" or operation.domain not in ("", "ai.onnx") or operation.config is not None \
-                    or operation.attributes.get("mode", "constant") not in ("constant", b"constant"):
-                continue
-            output = operation.outputs[0]
-            readers = output.consumers
-            if output.name in keep or not readers or any(
-                    r.type != "Conv" or r.config is not None or r.inputs[0] is not output
-                    or any(v is output for v in r.inputs[1:])
-                    or r.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET", "VALID", b"VALID")
-                    for r in readers):
-                continue
-            folds.add(index)
-        return frozenset(folds)
 
     # ---------------------------------------------------------- execution --
     def prepare_inputs(self, inputs: Any) -> dict[str, np.ndarray]:
@@ -276,7 +246,7 @@ class NumpyExecutor:
                         values.pop(name, None)
                     continue
             extra_pads = deferred_pads.get(step.inputs[0]) if deferred_pads and step.inputs else None
-            arguments = self._quantize_inputs(operation, arguments, step.inputs, grids)
+            arguments = quantize_inputs(operation, arguments, step.inputs, grids)
             runtime = self.runtime_kernels and wants_runtime_kernel(operation)   # only it reads the grids
             grids_of_arguments = argument_grids(operation, step.inputs, grids) if runtime else ()
             for hook in hooks:
@@ -286,8 +256,10 @@ class NumpyExecutor:
             partner = plan.fusions.get(index) if not hooks else None
             clip = None   # a fused Relu/Clip the conv kernel applies itself, block by block
             if partner is not None and not runtime and getattr(step.kernel, "fuses_clip", False) \
-                    and self._configs_let_fuse(operation, plan.steps[partner].operation):
-                clip = self._activation_bounds(plan.steps[partner], values, variables)
+                    and configs_let_fuse(operation, plan.steps[partner].operation):
+                activation = plan.steps[partner]
+                clip = activation_bounds(activation.operation, self._bound_inputs(activation, values),
+                                         self.graph.opset)
             try:
                 results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, grids_of_arguments,
                                                            clip, extra_pads)
@@ -298,20 +270,22 @@ class NumpyExecutor:
                 raise ExecutionError(f"{operation.type} node {operation.name!r} failed on input shapes "
                                      f"{shapes}: {type(error).__name__}: {error}") from error
             if clip is not None or (partner is not None
-                                    and self._fusable(operation, plan.steps[partner].operation, results[0])):
+                                    and fusable(operation, plan.steps[partner].operation, results[0])):
                 activation = plan.steps[partner]
                 lies_on = None   # the grid the integer kernel left the (unclamped) result on
                 if on_output_grid and operation.config is not None:
                     lies_on = grid_key(overlapped_root(operation.config.output_quantization_config[0]))
-                results = self._activate_in_place(activation, results[0], values, variables, grids, lies_on,
-                                                  clipped=clip is not None)
+                bounds = None if clip is not None else activation_bounds(
+                    activation.operation, self._bound_inputs(activation, values), self.graph.opset)
+                results = activate_in_place(activation.operation, activation.outputs, results[0], bounds, grids,
+                                            lies_on, clipped=clip is not None)
                 fused_into[partner] = True
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
                 for name in step.release:
                     values.pop(name, None)
                 continue
-            results = self._quantize_outputs(operation, results, step.outputs, grids, on_output_grid,
+            results = quantize_outputs(operation, results, step.outputs, grids, on_output_grid,
                                              fresh_results(operation, results, arguments))
             for hook in hooks:
                 replaced = hook.after_operation(operation, arguments, results)
@@ -333,109 +307,10 @@ class NumpyExecutor:
 
     __call__ = forward
 
-    # ---------------------------------------------------- quant simulation --
-    @classmethod
-    def _fusable(cls, producer: Operation, activation: Operation, value) -> bool:
-        """True when running ``activation`` in place on ``producer``'s raw result changes nothing observable."""
-        if producer.type in ("Gemm", "MatMul") and not value.flags.owndata:
-            return False
-        if not isinstance(value, np.ndarray) or not value.flags.writeable or value.dtype.kind != "f":
-            return False
-        return cls._configs_let_fuse(producer, activation)
-
-    @staticmethod
-    def _configs_let_fuse(producer: Operation, activation: Operation) -> bool:
-        """Whether no quantization stands between ``producer``'s result and ``activation``'s input."""
-        between = []
-        if producer.config is not None:
-            between.append(producer.config.output_quantization_config[0]
-                           if producer.config.output_quantization_config else None)
-        if activation.config is not None:
-            between.append(activation.config.input_quantization_config[0]
-                           if activation.config.input_quantization_config else None)
-        return all(c is None or (passes_through(c) and "requantization" not in c.detail) for c in between)
-
-    def _activation_bounds(self, step: _Step, values: dict, variables: dict) -> tuple | None:
-        """(low, high) of a Relu/Clip step (None for an absent bound), its bound inputs through its input
-        configs; None when it bounds nothing."""
-        activation = step.operation
-        if activation.type == "Relu":
-            return 0.0, None
-        arguments = [None] + [None if n is None else (values[n] if n in values else variables[n].value)
-                              for n in step.inputs[1:]]
-        arguments = self._quantize_inputs(activation, arguments)
-        low = None if len(arguments) < 2 or arguments[1] is None else arguments[1]
-        high = None if len(arguments) < 3 or arguments[2] is None else arguments[2]
-        if self.graph.opset < 11:
-            low, high = activation.attributes.get("min"), activation.attributes.get("max")
-        return None if low is None and high is None else (low, high)
-
-    def _activate_in_place(self, step: _Step, value: np.ndarray, values: dict, variables: dict,
-                           grids: dict, lies_on: tuple | None = None, clipped: bool = False) -> list:
-        """Apply a Relu/Clip step to ``value`` in place (``clipped``: the producer's kernel did), then its
-        output quantization.
-
-        ``lies_on``: the grid key ``value`` lies on, unclamped (an integer kernel put it there).  When
-        the activation's output config quantizes to that grid, quantize(clip(v, lo, hi)) equals
-        clip(v, quantize(lo), quantize(hi)) for every v on it (quantization is monotone and leaves
-        grid points in range unchanged), so one clip does both.
-        """
-        activation = step.operation
-        bounds = None if clipped else self._activation_bounds(step, values, variables)
-        low, high = bounds if bounds is not None else (None, None)
-        output = activation.config.output_quantization_config[0] \
-            if activation.config is not None and activation.config.output_quantization_config else None
-        if lies_on is not None and output is not None and output.requantization is None \
-                and keeps_grid(output, lies_on) and np.size(low) <= 1 and np.size(high) <= 1:
-            bounds = output.fake_quantize(np.array([-np.inf if low is None else np.asarray(low).reshape(-1)[0],
-                                                    np.inf if high is None else np.asarray(high).reshape(-1)[0]],
-                                                   np.float32))
-            np.clip(value, bounds[0], bounds[1], out=value)
-            grids[step.outputs[0]] = lies_on
-            return [value]
-        if activation.type == "Relu" and not clipped:
-            np.clip(value, 0, np.inf, out=value)   # numpy's two-bound clip: about 2x maximum's speed
-        elif low is not None or high is not None:
-            np.clip(value, low, high, out=value)
-        return self._quantize_outputs(activation, [value], step.outputs, grids, fresh=(True,))
-
-    @staticmethod
-    def _quantize_inputs(operation: Operation, arguments: list, names: tuple = (), grids: dict | None = None
-                         ) -> list:
-        """The op's inputs through its input configs; a value whose name ``grids`` records on the grid a
-        config would quantize it to is passed as it is (the same array: nothing would change)."""
-        config = operation.config
-        if config is None:
-            return arguments
-        quantized = list(arguments)
-        for index, (tqc, value) in enumerate(zip(config.input_quantization_config, arguments)):
-            name = names[index] if index < len(names) else None
-            if grids and name in grids and keeps_grid(tqc, grids[name]):
-                continue
-            quantized[index] = apply_config(tqc, value)
-        return quantized
-
-    @staticmethod
-    def _quantize_outputs(operation: Operation, results: list, names: tuple = (), grids: dict | None = None,
-                          on_output_grid: bool = False, fresh: tuple = ()) -> list:
-        """The op's results through its output configs, recording in ``grids`` (by ``names``) the grid each
-        quantized one lies on; ``on_output_grid``: the results already lie on their configs' grids;
-        ``fresh[i]``: result i is the executor's own and is quantized in place."""
-        config = operation.config
-        if config is None:
-            return results
-        quantized = list(results)
-        for index, (tqc, value) in enumerate(zip(config.output_quantization_config, results)):
-            key = grid_key(tqc)
-            if not (on_output_grid and key is not None and tqc.requantization is None):
-                in_place = index < len(fresh) and fresh[index]
-                quantized[index] = apply_output_config(tqc, value, in_place)
-            if grids is not None and index < len(names):
-                if key is None:
-                    grids.pop(names[index], None)
-                else:
-                    grids[names[index]] = key
-        return quantized
+    def _bound_inputs(self, step: _Step, values: dict) -> list:
+        """The values of a step's inputs after the first (a Clip's bounds)."""
+        return [None if name is None else (values[name] if name in values else self.graph.variables[name].value)
+                for name in step.inputs[1:]]
 
     def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list, argument_grids: tuple = (),
                     clip: tuple | None = None, extra_pads: list | None = None) -> tuple[list, bool]:
@@ -455,7 +330,7 @@ class NumpyExecutor:
         """Run one op on given input arrays (through its configs when ``quantized``)."""
         kernel = self._kernel(operation)
         if quantized:
-            arguments = self._quantize_inputs(operation, list(inputs))
+            arguments = quantize_inputs(operation, list(inputs))
             results, on_output_grid = self._run_kernel(operation, kernel, arguments)
-            return self._quantize_outputs(operation, results, on_output_grid=on_output_grid)
+            return quantize_outputs(operation, results, on_output_grid=on_output_grid)
         return list(kernel(list(inputs)))

@@ -197,3 +197,39 @@ def dequantized(graph: Graph):
         for tqc in reversed(switched):
             if tqc.state is QuantizationStates.DEQUANTIZED:
                 tqc.restore()
+
+
+def quantize_inputs(operation: Operation, arguments: list, names: tuple = (), grids: dict | None = None) -> list:
+    """The op's inputs through its input configs; a value whose name ``grids`` records on the grid a
+    config would quantize it to is passed as it is (the same array: nothing would change)."""
+    config = operation.config
+    if config is None:
+        return arguments
+    quantized = list(arguments)
+    for index, (tqc, value) in enumerate(zip(config.input_quantization_config, arguments)):
+        name = names[index] if index < len(names) else None
+        if grids and name in grids and keeps_grid(tqc, grids[name]):
+            continue
+        quantized[index] = apply_config(tqc, value)
+    return quantized
+
+def quantize_outputs(operation: Operation, results: list, names: tuple = (), grids: dict | None = None,
+                     on_output_grid: bool = False, fresh: tuple = ()) -> list:
+    """The op's results through its output configs, recording in ``grids`` (by ``names``) the grid each
+    quantized one lies on; ``on_output_grid``: the results already lie on their configs' grids;
+    ``fresh[i]``: result i is the executor's own and is quantized in place."""
+    config = operation.config
+    if config is None:
+        return results
+    quantized = list(results)
+    for index, (tqc, value) in enumerate(zip(config.output_quantization_config, results)):
+        key = grid_key(tqc)
+        if not (on_output_grid and key is not None and tqc.requantization is None):
+            in_place = index < len(fresh) and fresh[index]
+            quantized[index] = apply_output_config(tqc, value, in_place)
+        if grids is not None and index < len(names):
+            if key is None:
+                grids.pop(names[index], None)
+            else:
+                grids[names[index]] = key
+    return quantized
