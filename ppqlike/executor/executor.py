@@ -24,7 +24,8 @@ import numpy as np
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from ..core.quant_graph import overlapped_root
-from .fusion import activate_in_place, activation_bounds, activation_partners, configs_let_fuse, fusable, pad_folds
+from .fusion import (activate_in_place, activation_bounds, activation_partners, clip_epilogue, configs_let_fuse,
+                     fusable, pad_folds)
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .ops import Kernel, build_kernel
 from .ops.tensor import zero_spatial_pads
@@ -255,11 +256,11 @@ class NumpyExecutor:
                     arguments, grids_of_arguments = list(replaced), ()  # a hook's values may lie anywhere
             partner = plan.fusions.get(index) if not hooks else None
             clip = None   # a fused Relu/Clip the conv kernel applies itself, block by block
-            if partner is not None and not runtime and getattr(step.kernel, "fuses_clip", False) \
+            if partner is not None and not runtime and getattr(step.kernel, "takes_epilogue", False) \
                     and configs_let_fuse(operation, plan.steps[partner].operation):
                 activation = plan.steps[partner]
-                clip = activation_bounds(activation.operation, self._bound_inputs(activation, values),
-                                         self.graph.opset)
+                clip = clip_epilogue(activation_bounds(activation.operation, self._bound_inputs(activation, values),
+                                                       self.graph.opset))
             try:
                 results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, grids_of_arguments,
                                                            clip, extra_pads)
@@ -313,18 +314,18 @@ class NumpyExecutor:
                 for name in step.inputs[1:]]
 
     def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list, argument_grids: tuple = (),
-                    clip: tuple | None = None, extra_pads: list | None = None) -> tuple[list, bool]:
+                    epilogue=None, extra_pads: list | None = None) -> tuple[list, bool]:
         """The op's raw results: its float kernel, or the deployment runtime's integer kernel where marked;
-        and whether they already lie on the output configs' grids (the integer kernel's do).  ``clip``:
-        a fused activation's bounds, for a float kernel that applies them (``fuses_clip``); ``extra_pads``:
-        the padding a folded Pad left to this Conv."""
+        and whether they already lie on the output configs' grids (the integer kernel's do).  ``epilogue``:
+        in-place elementwise work for a float kernel that does it block by block (``takes_epilogue``):
+        a fused activation's clip; ``extra_pads``: the padding a folded Pad left to this Conv."""
         if self.runtime_kernels and wants_runtime_kernel(operation):
             results = run_runtime_kernel(operation, kernel, arguments, argument_grids)
             if results is not None:
                 return results, True
-        if clip is None and extra_pads is None:
+        if epilogue is None and extra_pads is None:
             return kernel(arguments), False
-        return kernel(arguments, clip=clip, extra_pads=extra_pads), False
+        return kernel(arguments, epilogue=epilogue, extra_pads=extra_pads), False
 
     def run_operation(self, operation: Operation, inputs: list, quantized: bool = True) -> list:
         """Run one op on given input arrays (through its configs when ``quantized``)."""

@@ -117,3 +117,13 @@ def activate_in_place(activation: Operation, output_names: tuple, value: np.ndar
     elif low is not None or high is not None:
         np.clip(value, low, high, out=value)
     return quantize_outputs(activation, [value], output_names, grids, fresh=(True,))
+
+
+def clip_epilogue(bounds: tuple | None):
+    """A conv kernel's in-place work on each block of its result for a fused activation of ``bounds``
+    (``activation_bounds``; None: nothing to do)."""
+    if bounds is None:
+        return None
+    low = -np.inf if bounds[0] is None else bounds[0]   # numpy's two-bound clip: about 2x maximum's speed
+    high = np.inf if bounds[1] is None else bounds[1]
+    return lambda block: np.clip(block, low, high, out=block)

@@ -48,13 +48,14 @@ def empty(n: int, c: int, h: int, w: int, dtype) -> np.ndarray:
     return np.empty((n, h, w, c), dtype).transpose(0, 3, 1, 2)
 
 
-def finish(block: np.ndarray, bias: np.ndarray | None, clip) -> None:
-    """The epilogue of a block of output, in place: + ``bias`` (broadcast along the last axis), then
-    ``clip`` = (low, high) (a fused Relu or Clip; None: nothing), while the block is in cache."""
+def finish(block: np.ndarray, bias: np.ndarray | None, epilogue) -> None:
+    """The end of a block of output, in place, while it is in cache: + ``bias`` (broadcast along the last
+    axis), then ``epilogue(block)`` (elementwise work the executor hands the kernel: a fused Relu/Clip,
+    the output's quantization; None: nothing)."""
     if bias is not None:
         np.add(block, bias, out=block)
-    if clip is not None:
-        np.clip(block, clip[0], clip[1], out=block)
+    if epilogue is not None:
+        epilogue(block)
 
 
 def _rows_per_block(row: int) -> int:
@@ -62,12 +63,12 @@ def _rows_per_block(row: int) -> int:
 
 
 # ---------------------------------------------------------------- pointwise --
-def pointwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dtype, clip=None) -> np.ndarray:
+def pointwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dtype, epilogue=None) -> np.ndarray:
     """1x1 convolution, stride 1, no padding, one group, of a channels-last ``x`` [N,Ci,H,W]; ``w`` [Co,Ci,1,1].
 
     out[p, :] = x[p, :] @ W^T + b for every position p, in row blocks of the whole batch on the
     threads.  When the output is much wider than the input the bias rides in the GEMM (the block of
-    input copied beside a column of ones: cheaper than a pass over the output); ``clip`` (see
+    input copied beside a column of ones: cheaper than a pass over the output); ``epilogue`` (see
     ``finish``) is applied while a block is in cache.
     """
     n, ci, h, wd = x.shape
@@ -97,7 +98,7 @@ def pointwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dtype, clip=No
                 np.matmul(inputs[:r1 - r0], weight, out=block)
             else:
                 np.matmul(source[r0:r1], weight, out=block)
-            finish(block, bias, clip)
+            finish(block, bias, epilogue)
 
     parallel(run, split_evenly(len(blocks), _JOBS_PER_THREAD * num_threads()))
     return out.transpose(0, 3, 1, 2)
@@ -105,7 +106,7 @@ def pointwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dtype, clip=No
 
 # ---------------------------------------------------------------- depthwise --
 def depthwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, dilations, dtype,
-              clip=None) -> np.ndarray | None:
+              epilogue=None) -> np.ndarray | None:
     """Depthwise convolution of ``x`` [N,C,H,W] (any layout; channels-last is read without a transpose),
     ``w`` [C,1,kh,kw]; ``pads`` (top, left, bottom, right).  Returns [N,C,Ho,Wo] stored channels-last, or
     None for a geometry this module does not cover well (large maps of a "valid" convolution).
@@ -122,11 +123,11 @@ def depthwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides,
         return None
     same = same_geometry(x, pads, strides, ho, wo)
     if same is not None:
-        out = _depthwise_phases(same[0], w, b, same[1], strides, dilations, dtype, clip)
+        out = _depthwise_phases(same[0], w, b, same[1], strides, dilations, dtype, epilogue)
         if out is not None:
             return out
     if c >= _WINDOWS_MIN_CHANNELS and h * wd <= _WINDOWS_MAX_MAP:
-        return _depthwise_windows(x, w, b, pads, strides, dilations, dtype, ho, wo, clip)
+        return _depthwise_windows(x, w, b, pads, strides, dilations, dtype, ho, wo, epilogue)
     return None
 
 
@@ -150,7 +151,7 @@ def _tap_groups(kernel: int, stride: int, dilation: int, pad: int):
     return result
 
 
-def _depthwise_phases(x, w, b, pads, strides, dilations, dtype, clip):
+def _depthwise_phases(x, w, b, pads, strides, dilations, dtype, epilogue):
     """Depthwise convolution whose output grid is the input's phase grid, by tap groups (see the module).
 
     Returns None when an output is not finite: a zero weight cancels a wrapped read only when that
@@ -220,15 +221,15 @@ def _depthwise_phases(x, w, b, pads, strides, dilations, dtype, clip):
                         np.einsum("abrq,abrq->rq", taps, spread, out=block if index == 0 else partial)
                         if index:
                             np.add(block, partial, out=block)
-                    total += float(np.add.reduce(block, axis=None))   # before the clip, which hides NaN
-                    finish(block, bias, clip)
+                    total += float(np.add.reduce(block, axis=None))   # before the epilogue, which may hide NaN
+                    finish(block, bias, epilogue)
         finite.append(np.isfinite(total))
 
     parallel(run, split_evenly(n, _JOBS_PER_THREAD * num_threads()))
     return out.transpose(0, 3, 1, 2) if all(finite) else None
 
 
-def _depthwise_windows(x, w, b, pads, strides, dilations, dtype, ho, wo, clip):
+def _depthwise_windows(x, w, b, pads, strides, dilations, dtype, ho, wo, epilogue):
     """Depthwise convolution of any geometry: per image, a zero-padded channels-last copy and one einsum
     of its strided windows [Ho, Wo, kh, kw, C] with the filters [kh, kw, C]."""
     n, c, h, wd = x.shape
@@ -249,7 +250,7 @@ def _depthwise_windows(x, w, b, pads, strides, dilations, dtype, ho, wo, clip):
         for image in range(*images):
             padded[pt:pt + h, pl:pl + wd] = x[image].transpose(1, 2, 0)
             np.einsum("hwijc,ijc->hwc", windows, taps, out=out[image])
-            finish(out[image], bias, clip)
+            finish(out[image], bias, epilogue)
 
     parallel(run, split_evenly(n, _JOBS_PER_THREAD * num_threads()))
     return out.transpose(0, 3, 1, 2)

@@ -106,13 +106,13 @@ def _view(base: np.ndarray, shape, strides) -> np.ndarray:
 
 
 def im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, dilations,
-           group: int, dtype, clip=None) -> np.ndarray:
+           group: int, dtype, epilogue=None) -> np.ndarray:
     """General 2-D convolution by patch matrix + GEMM: ``x`` [N,Ci,H,W], ``w`` [Co,Ci/group,kh,kw].
 
     Images are processed a few at a time (so that the padded input, the patch
     matrix and the GEMM's output chunk stay in cache), on the thread pool.
-    The bias rides in the GEMM as a patch row (or column) of ones; ``clip`` = (low, high) of a fused
-    Relu/Clip is applied to each chunk of output after its GEMM.
+    The bias rides in the GEMM as a patch row (or column) of ones; ``epilogue`` (elementwise, in place:
+    a fused Relu/Clip, the output's quantization) is applied to each chunk of output after its GEMM.
     """
     n, ci, h, wd = x.shape
     co, cg, kh, kw = w.shape
@@ -169,7 +169,8 @@ def im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, di
                 for g in range(group):
                     target[...] = windows[..., g * cg:(g + 1) * cg]
                     np.matmul(wmats[g], patches[:m].transpose(0, 2, 1), out=out3[c0:c1, g * cog:(g + 1) * cog])
-                _clip(out3[c0:c1], clip)
+                if epilogue is not None:
+                    epilogue(out3[c0:c1])
             else:
                 if padded:
                     xp[:m, :, pt:pt + h, pl:pl + wd] = x[c0:c1]
@@ -183,13 +184,9 @@ def im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, di
                 for g in range(group):
                     target[...] = windows[:, g * cg:(g + 1) * cg]
                     np.matmul(wmats[g], patches[:m], out=out3[c0:c1, g * cog:(g + 1) * cog])
-                _clip(out3[c0:c1], clip)
+                if epilogue is not None:
+                    epilogue(out3[c0:c1])
 
     parallel(run, split_evenly(n, num_threads()))
     return out
 
-
-def _clip(block: np.ndarray, clip) -> None:
-    """``block`` clipped in place to ``clip`` = (low, high) (None: left as it is)."""
-    if clip is not None:
-        np.clip(block, clip[0], clip[1], out=block)

@@ -119,9 +119,9 @@ def _conv_pads(attrs: _Attributes, spatial, kernel, strides, dilations) -> tuple
 
 
 # --------------------------------------------------------------------- Conv --
-def _conv2d(x, w, b, pads, strides, dilations, group, dtype, clip=None) -> np.ndarray:
-    """2-D convolution: pads is (top, left, bottom, right); ``clip`` = (low, high) of a fused Relu/Clip
-    applied to the result (None: none).
+def _conv2d(x, w, b, pads, strides, dilations, group, dtype, epilogue=None) -> np.ndarray:
+    """2-D convolution: pads is (top, left, bottom, right); ``epilogue`` (elementwise, in place) applied
+    to the result, block by block where the path allows (None: none).
 
     Layout (see ``_conv_channels_last``): a depthwise result is stored channels-last (its fast paths
     compute that way), a 1x1 one in its input's layout (so a depthwise-pointwise stack never
@@ -135,22 +135,22 @@ def _conv2d(x, w, b, pads, strides, dilations, group, dtype, clip=None) -> np.nd
         if strides[0] > 1 or strides[1] > 1:
             x = x[:, :, ::strides[0], ::strides[1]]
         if _conv_channels_last.is_channels_last(x):
-            return _conv_channels_last.pointwise(x, w, b, dtype, clip)
-        return _clipped(_conv_fast.pointwise(x, w, b, dtype), clip)
+            return _conv_channels_last.pointwise(x, w, b, dtype, epilogue)
+        return _finished(_conv_fast.pointwise(x, w, b, dtype), epilogue)
     if group == ci and cg == 1:
         if co != ci:  # channel multiplier: output channel o reads input channel o // (co / ci)
             x = np.repeat(x, co // ci, axis=1)
-        out = _conv_channels_last.depthwise(x, w, b, pads, strides, dilations, dtype, clip)
+        out = _conv_channels_last.depthwise(x, w, b, pads, strides, dilations, dtype, epilogue)
         if out is not None:
             return out
-        return _clipped(_conv_depthwise.depthwise(x, w, b, pads, strides, dilations, dtype), clip)
-    return _conv_fast.im2col(x, w, b, pads, strides, dilations, group, dtype, clip)
+        return _finished(_conv_depthwise.depthwise(x, w, b, pads, strides, dilations, dtype), epilogue)
+    return _conv_fast.im2col(x, w, b, pads, strides, dilations, group, dtype, epilogue)
 
 
-def _clipped(y: np.ndarray, clip) -> np.ndarray:
-    """``y`` clipped in place to ``clip`` = (low, high) (None: as it is)."""
-    if clip is not None:
-        np.clip(y, clip[0], clip[1], out=y)
+def _finished(y: np.ndarray, epilogue) -> np.ndarray:
+    """``y`` after ``epilogue(y)`` (in place; None: as it is)."""
+    if epilogue is not None:
+        epilogue(y)
     return y
 
 
@@ -188,10 +188,11 @@ def _conv_nd(x, w, b, begin, end, strides, dilations, group, dtype) -> np.ndarra
 def _build_conv(op, opset: int) -> Kernel:
     attrs = _Attributes(op)
 
-    def kernel(inputs, clip=None, extra_pads=None):
-        """``clip`` = (low, high): a Relu/Clip fused into the convolution, applied to its result (where
-        a path can, block by block while the block is in cache).  ``extra_pads``: zero padding of the
-        input (spatial begins, then ends) that a Pad folded into this convolution left to it."""
+    def kernel(inputs, epilogue=None, extra_pads=None):
+        """``epilogue``: elementwise work on the result, in place (a fused Relu/Clip, the output's
+        quantization), done block by block while a block is in cache where a path can.  ``extra_pads``:
+        zero padding of the input (spatial begins, then ends) that a Pad folded into this convolution
+        left to it."""
         x, w = inputs[0], inputs[1]
         b = inputs[2] if len(inputs) > 2 else None
         rank, ks, strides, dilations = attrs.resolve(x, w)
@@ -202,7 +203,7 @@ def _build_conv(op, opset: int) -> Kernel:
             begin = [p + q for p, q in zip(begin, extra_pads[:rank])]
             end = [p + q for p, q in zip(end, extra_pads[rank:])]
         dtype = _compute_dtype(x)
-        inner = clip if dtype == x.dtype else None   # float16: clipped after the cast back, as it would be
+        inner = epilogue if dtype == x.dtype else None   # float16: after the cast back, as it would be
         if rank == 1:
             y = _conv2d(x[:, :, None, :], w[:, :, None, :], b, (0, begin[0], 0, end[0]),
                         (1, strides[0]), (1, dilations[0]), attrs.group, dtype, inner)[:, :, 0, :]
@@ -210,11 +211,11 @@ def _build_conv(op, opset: int) -> Kernel:
             y = _conv2d(x, w, b, (begin[0], begin[1], end[0], end[1]), strides, dilations, attrs.group, dtype,
                         inner)
         else:
-            y = _clipped(_conv_nd(x, w, b, begin, end, strides, dilations, attrs.group, dtype), inner)
-        if inner is None and clip is not None:
-            return [_clipped(y.astype(x.dtype), clip)]
+            y = _finished(_conv_nd(x, w, b, begin, end, strides, dilations, attrs.group, dtype), inner)
+        if inner is None and epilogue is not None:
+            return [_finished(y.astype(x.dtype), epilogue)]
         return [y.astype(x.dtype, copy=False)]
-    kernel.fuses_clip = True
+    kernel.takes_epilogue = True
     return kernel
 
 
