@@ -4,6 +4,7 @@
     python bench/executor_speed.py --per-layer        # every Conv alone: where the time goes
     python bench/executor_speed.py --models mobilenetv2 --iterations 5 --threads 2
     python bench/executor_speed.py --simulation       # quantization simulation of every platform vs FP32
+    python bench/executor_speed.py --baseline ../old  # also an older checkout's executor, interleaved (A/B)
 
 Both sides get the same number of threads, T (``--threads``, default 2):
 onnxruntime through ``intra_op_num_threads`` (and ``inter_op_num_threads``);
@@ -75,6 +76,9 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--openblas-coretype", default="auto",
                         help="OPENBLAS_CORETYPE to set ('auto': SkylakeX on AVX-512 CPUs; 'none': leave it)")
     parser.add_argument("--verbose", action="store_true", help="per-layer mode: print every layer")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="whole-model mode: also time the executor of the ppqlike source tree in DIR (say a "
+                             "git worktree of an older commit), interleaved with the others in this process")
     parser.add_argument("--simulation", nargs="*", metavar="PLATFORM",
                         help="time the quantization simulation of these platforms (none named: all nine) "
                              "against the FP32 executor, each quantized with the plain recipe on "
@@ -214,9 +218,12 @@ def _whole_model(name: str, bench_dir: Path, args) -> None:
         return
     ours = executor.forward({input_name: batch})[0]
     theirs = session.run(None, {input_name: batch})[0]
-    best = _interleaved({"ppqlike": lambda: executor.forward({input_name: batch}),
-                         "onnxruntime": lambda: session.run(None, {input_name: batch})},
-                        args.iterations, args.warmup)
+    functions = {"ppqlike": lambda: executor.forward({input_name: batch}),
+                 "onnxruntime": lambda: session.run(None, {input_name: batch})}
+    if args.baseline:
+        baseline = _baseline_executor(args.baseline, str(path))
+        functions["baseline"] = lambda: baseline.forward({input_name: batch})
+    best = _interleaved(functions, args.iterations, args.warmup)
     # onnxruntime's default (spinning worker threads) timed alone, last: it may be faster; keep its best
     spinning = _ort_session(path.read_bytes(), args.threads, spinning=True)
     best["onnxruntime"] = min(best["onnxruntime"], _interleaved(
@@ -228,8 +235,32 @@ def _whole_model(name: str, bench_dir: Path, args) -> None:
     print(f"{name} ({source}, batch {args.batch}):")
     print(f"  ppqlike     {rate['ppqlike']:8.1f} images/s  ({best['ppqlike'] * 1e3:7.1f} ms/batch)")
     print(f"  onnxruntime {rate['onnxruntime']:8.1f} images/s  ({best['onnxruntime'] * 1e3:7.1f} ms/batch)")
+    if "baseline" in rate:
+        print(f"  baseline    {rate['baseline']:8.1f} images/s  ({best['baseline'] * 1e3:7.1f} ms/batch; "
+              f"ratio baseline/onnxruntime {rate['baseline'] / rate['onnxruntime']:.2f})")
     print(f"  ratio ppqlike/onnxruntime {rate['ppqlike'] / rate['onnxruntime']:.2f}; "
           f"max |difference| / max |output| = {difference.max():.2e}; top-1 agreement {agree:.3f}\n")
+
+
+def _baseline_executor(root: str, path: str):
+    """A NumpyExecutor of ``path`` built by the ppqlike package of the source tree ``root``, loaded beside
+    this one: the baseline's modules are imported under the same names while this tree's are set aside,
+    then put back (the baseline's objects keep their own module globals)."""
+    def ours():
+        return {name: module for name, module in sys.modules.items()
+                if name == "ppqlike" or name.startswith("ppqlike.")}
+    saved = ours()
+    for name in saved:
+        del sys.modules[name]
+    sys.path.insert(0, str(Path(root).resolve()))
+    try:
+        import ppqlike as baseline
+        return baseline.NumpyExecutor(baseline.load_onnx_graph(path))
+    finally:
+        sys.path.pop(0)
+        for name in ours():
+            del sys.modules[name]
+        sys.modules.update(saved)
 
 
 # -------------------------------------------------------------- simulation --

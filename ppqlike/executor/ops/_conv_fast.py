@@ -1,6 +1,6 @@
 """Fast numpy paths for 2-D convolution, shared by the conv family (see ``conv.py``).
 
-Everything here takes NCHW arrays and returns a fresh, contiguous NCHW array;
+Everything here takes NCHW-shaped arrays (any memory layout) and returns a fresh, C-ordered NCHW array;
 inputs are never written.  Nothing is cached across calls: weights are
 re-read (and re-laid-out, which is cheap next to the convolution) every call.
 
@@ -8,7 +8,8 @@ Three paths (two here, depthwise in ``_conv_depthwise.py``), chosen by ``conv.py
 EPYC VM, OpenBLAS pinned to its Haswell kernels, against onnxruntime 1.31
 with 2 threads; see ``bench/executor_speed.py --per-layer``):
 
-* ``pointwise`` - 1x1 convolution: one GEMM per image, ``W[Co,Ci] @ X[n]``,
+* ``pointwise`` - 1x1 convolution of an NCHW input (a channels-last one goes to
+  ``_conv_channels_last``): one GEMM per image, ``W[Co,Ci] @ X[n]``,
   straight into the NCHW output; below ``_ONE_GEMM_BELOW`` positions (7x7
   maps) one GEMM for the whole batch.  The bias rides inside the GEMM as an
   input row of ones when the output is much wider than the input.  About as

@@ -1,11 +1,15 @@
-"""Kernels of the conv family: Conv and ConvTranspose, 1-D to 3-D, NCHW in and out.
+"""Kernels of the conv family: Conv and ConvTranspose, 1-D to 3-D, NCHW-shaped in and out.
 
 Conv supports groups, strides, dilations, explicit pads and every ``auto_pad``
 mode, with or without bias.  2-D convolutions (and 1-D ones, run as 2-D with
-a unit height) take one of the fast paths of ``_conv_fast`` and ``_conv_depthwise``: a plain GEMM for
-1x1, shifted multiply-adds for depthwise, a patch matrix + GEMM otherwise.
-Higher ranks use a generic patch matrix.  ConvTranspose is a GEMM followed by
-a strided scatter-add (col2im).
+a unit height) take one of the fast paths: depthwise by tap groups and 1x1 of
+a channels-last input in ``_conv_channels_last`` (results stored channels-last,
+see ``_conv2d``), the NCHW depthwise kernels of ``_conv_depthwise`` for the
+geometries those do not cover, a plain GEMM for 1x1 of an NCHW input and a
+patch matrix + GEMM otherwise (``_conv_fast``).  Higher ranks use a generic
+patch matrix.  ConvTranspose is a GEMM followed by a strided scatter-add
+(col2im), or one convolution per output phase.  The Conv kernel takes an
+``epilogue`` (a fused Relu/Clip) and the ``extra_pads`` of a folded Pad.
 
 Float16 inputs are computed in float32 and cast back; float32 and float64
 stay in their own precision.  Summation order differs from onnxruntime, so
