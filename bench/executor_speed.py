@@ -71,7 +71,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=5, help="timed runs of each side (default 5)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--per-layer", action="store_true",
-                        help="time every Conv of the models alone, ours against onnxruntime's")
+                        help="time every Conv of the models alone, ours against onnxruntime's (inputs C-ordered "
+                             "NCHW; inside a model the layers after a depthwise one read channels-last inputs)")
     parser.add_argument("--random", action="store_true", help="random inputs instead of real images")
     parser.add_argument("--openblas-coretype", default="auto",
                         help="OPENBLAS_CORETYPE to set ('auto': SkylakeX on AVX-512 CPUs; 'none': leave it)")

@@ -7,7 +7,7 @@ the conv kernels recognise the layout (``is_channels_last``) and skip the
 transposes a conv stack would otherwise pay at each layer:
 
 * ``pointwise`` - 1x1: one GEMM ``X[N*H*W, Ci] @ W[Ci, Co]`` cut into row
-  blocks on the kernel threads, the bias added while a block is in cache.
+  blocks on the kernel threads.
 * ``depthwise`` - one filter per channel.  When the output grid is the input's
   stride-phase grid ("same" padding, H and W multiples of the stride) every
   tap is a constant shift of a flat phase buffer, so a whole group of taps is
@@ -18,12 +18,12 @@ transposes a conv stack would otherwise pay at each layer:
   an image with a per-position einsum, 1.0 ms this way.  Other geometries:
   one einsum per image over a zero-padded copy.
 
-Inputs are never written.  Results are fresh channels-last arrays.
+Each block of a result gets its bias and the kernel's ``epilogue`` (a fused
+Relu/Clip) while it is in cache.  Inputs are never written.  Results are fresh
+channels-last arrays.
 """
 
 from __future__ import annotations
-
-from math import gcd
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -31,21 +31,17 @@ from numpy.lib.stride_tricks import as_strided
 from ._conv_depthwise import same_geometry
 from ._threads import num_threads, parallel, split_evenly
 
-_ROWS_BLOCK = 1 << 19     # elements of output per block of rows: few, long numpy calls (each call costs ~10 us and a GIL hand-over)
-_POINTWISE_BLOCK = 1 << 18  # elements of output per GEMM of a 1x1 convolution
-_JOBS_PER_THREAD = 4
-_WINDOWS_MIN_CHANNELS = 64          # another geometry runs channels-last (one einsum per image) from this
-_WINDOWS_MAX_MAP = 60 * 60          # many channels on maps of at most this many positions      # jobs per kernel thread: a thread slowed by another process does not hold up the rest
+_ROWS_BLOCK = 1 << 19       # output elements per block of a depthwise convolution: few, long numpy calls
+                            # (each costs ~10 us and a hand-over of the GIL between the kernel threads)
+_POINTWISE_BLOCK = 1 << 18  # output elements per GEMM of a 1x1 convolution
+_JOBS_PER_THREAD = 4        # jobs per kernel thread: a thread slowed by another process holds up less
+_WINDOWS_MIN_CHANNELS = 64  # another geometry runs channels-last (one einsum per image) from this many
+_WINDOWS_MAX_MAP = 60 * 60  # channels, on maps of at most this many positions
 
 
 def is_channels_last(x: np.ndarray) -> bool:
     """Whether ``x`` (4-D, NCHW-shaped) is stored channels-last: ``x.transpose(0, 2, 3, 1)`` is contiguous."""
     return x.ndim == 4 and x.transpose(0, 2, 3, 1).flags.c_contiguous
-
-
-def empty(n: int, c: int, h: int, w: int, dtype) -> np.ndarray:
-    """A new NCHW-shaped array of shape [n, c, h, w] stored channels-last."""
-    return np.empty((n, h, w, c), dtype).transpose(0, 3, 1, 2)
 
 
 def finish(block: np.ndarray, bias: np.ndarray | None, epilogue) -> None:

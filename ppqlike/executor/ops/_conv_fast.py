@@ -4,9 +4,9 @@ Everything here takes NCHW-shaped arrays (any memory layout) and returns a fresh
 inputs are never written.  Nothing is cached across calls: weights are
 re-read (and re-laid-out, which is cheap next to the convolution) every call.
 
-Three paths (two here, depthwise in ``_conv_depthwise.py``), chosen by ``conv.py`` (times below: batch 16 on a 2-vCPU AMD
-EPYC VM, OpenBLAS pinned to its Haswell kernels, against onnxruntime 1.31
-with 2 threads; see ``bench/executor_speed.py --per-layer``):
+Two paths, chosen by ``conv.py`` (times below: batch 16 on a 2-vCPU AMD EPYC
+VM, OpenBLAS pinned to its Haswell kernels, against onnxruntime 1.31 with 2
+threads; see ``bench/executor_speed.py --per-layer``):
 
 * ``pointwise`` - 1x1 convolution of an NCHW input (a channels-last one goes to
   ``_conv_channels_last``): one GEMM per image, ``W[Co,Ci] @ X[n]``,
@@ -20,7 +20,8 @@ with 2 threads; see ``bench/executor_speed.py --per-layer``):
   Patches are channels-last (contiguous channel runs) when a group has at
   least ``_CHANNELS_LAST_MIN`` channels, else channels-first.
 
-Threads: see ``_threads.py``; depthwise convolution: ``_conv_depthwise.py``.
+Threads: see ``_threads.py``; depthwise convolution: ``_conv_channels_last.py``
+and ``_conv_depthwise.py``.
 """
 
 
