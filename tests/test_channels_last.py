@@ -159,6 +159,8 @@ def test_layer_stack_agrees_with_onnxruntime_fused_or_not(clip_type):
     expected = run_onnxruntime(model, {"x": x})
     fused, unfused, seen = _run_both(model, {"x": x})
     assert seen.count(clip_type) == (2 if clip_type == "Clip" else 3)   # unfused: every activation on its own
+    chains = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(model)).compile().chains
+    assert len(chains) == 1   # the 1x1 expansion and the stride-2 depthwise conv after it run as one kernel
     for got, unhooked, want in zip(fused, unfused, expected):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
         np.testing.assert_array_equal(got, unhooked)
@@ -248,3 +250,20 @@ def test_pools_keep_a_channels_last_layout(op_type, attributes):
     np.testing.assert_allclose(result, expected, rtol=RTOL, atol=ATOL)
     if op_type in ("MaxPool", "AveragePool"):
         assert _conv_channels_last.is_channels_last(result) and not result.flags.c_contiguous
+
+
+@pytest.mark.parametrize("stride,size,bias", [(1, 12, True), (2, 12, True), (1, 7, False), (2, 16, False)])
+def test_expansion_and_depthwise_as_one_kernel_equal_the_two(stride, size, bias):
+    """The same GEMMs and tap groups: bit for bit the two convolutions one after the other."""
+    x = _channels_last(_data(3, 6, size, size, seed=8))
+    w1, b1 = _data(20, 6, 1, 1, seed=9) / np.float32(3), (_data(20, seed=10) if bias else None)
+    w2, b2 = _data(20, 1, 3, 3, seed=11) / np.float32(3), _data(20, seed=12)
+    clip = lambda block: np.clip(block, 0, 6, out=block)   # noqa: E731
+    separate = _conv_channels_last.depthwise(_conv_channels_last.pointwise(x, w1, b1, np.float32, clip), w2, b2,
+                                             (1, 1, 1, 1), (stride, stride), (1, 1), np.float32, clip)
+    joined = _conv_channels_last.expand_then_depthwise(x, (w1, b1, clip), (w2, b2, clip), (1, 1, 1, 1),
+                                                       (stride, stride), (1, 1))
+    np.testing.assert_array_equal(joined, separate)
+    assert _conv_channels_last.is_channels_last(joined)
+    assert _conv_channels_last.expand_then_depthwise(np.ascontiguousarray(x), (w1, b1, clip), (w2, b2, clip),
+                                                     (1, 1, 1, 1), (stride, stride), (1, 1)) is None   # NCHW input

@@ -25,9 +25,11 @@ from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from ..core.quant_graph import overlapped_root
 from .fusion import (activate_in_place, activation_bounds, activation_partners, clip_epilogue, configs_let_fuse,
-                     fusable, pad_folds)
+                     expand_chains, fusable, pad_folds)
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .ops import Kernel, build_kernel
+from .ops._conv_channels_last import expand_then_depthwise
+from .ops.conv import conv2d_geometry
 from .ops.tensor import zero_spatial_pads
 from .simulation import argument_grids, fresh_results, grid_key, quantize_inputs, quantize_outputs
 
@@ -61,7 +63,8 @@ class _Plan:
     steps: list
     needed_inputs: tuple
     fusions: dict = field(default_factory=dict)   # step index of a Conv -> step index of its Relu/Clip
-    pad_folds: frozenset = frozenset()  # step indices of Pads whose Convs can pad instead (see _build_plan)
+    pad_folds: frozenset = frozenset()  # step indices of Pads whose Convs can pad instead (fusion.pad_folds)
+    chains: dict = field(default_factory=dict)   # 1x1 Conv -> its depthwise Conv run with it (fusion.expand_chains)
 
 
 class NumpyExecutor:
@@ -164,7 +167,9 @@ class NumpyExecutor:
             for i, op in enumerate(order)]
         needed_inputs = tuple(n for n in (v.name for v in graph.inputs)
                               if n in last_use or n in keep)
-        return _Plan(steps, needed_inputs, activation_partners(order, keep), pad_folds(order, keep, graph.opset))
+        partners = activation_partners(order, keep)
+        return _Plan(steps, needed_inputs, partners, pad_folds(order, keep, graph.opset),
+                     expand_chains(order, keep, partners))
 
 
     # ---------------------------------------------------------- execution --
@@ -246,6 +251,10 @@ class NumpyExecutor:
                     for name in step.release:
                         values.pop(name, None)
                     continue
+            if index in plan.chains and not hooks and self._run_chain(plan, index, arguments, values, fused_into):
+                for name in step.release:
+                    values.pop(name, None)
+                continue
             extra_pads = deferred_pads.get(step.inputs[0]) if deferred_pads and step.inputs else None
             arguments = quantize_inputs(operation, arguments, step.inputs, grids)
             runtime = self.runtime_kernels and wants_runtime_kernel(operation)   # only it reads the grids
@@ -307,6 +316,35 @@ class NumpyExecutor:
         return outputs
 
     __call__ = forward
+
+    def _run_chain(self, plan: _Plan, index: int, arguments: list, values: dict, fused_into: dict) -> bool:
+        """Run the 1x1 Conv of step ``index`` and the depthwise Conv of its chain (``fusion.expand_chains``)
+        as one kernel, their Relu/Clips inside; False (nothing done) when the kernel does not apply."""
+        first_activation, second, second_activation = plan.chains[index]
+        step = plan.steps[second]
+        filters = [self._argument(name, values) for name in step.inputs[1:]]
+        x, weight = arguments[0], arguments[1]
+        geometry = conv2d_geometry(step.operation, (x.shape[0], weight.shape[0]) + x.shape[2:], filters[0].shape)
+        epilogues = [None if i is None else clip_epilogue(activation_bounds(
+            plan.steps[i].operation, self._bound_inputs(plan.steps[i], values), self.graph.opset))
+            for i in (first_activation, second_activation)]
+        out = expand_then_depthwise(x, (weight, arguments[2] if len(arguments) > 2 else None, epilogues[0]),
+                                    (filters[0], filters[1] if len(filters) > 1 else None, epilogues[1]),
+                                    *geometry)
+        if out is None:
+            return False
+        last = second if second_activation is None else second_activation
+        values[plan.steps[last].outputs[0]] = out
+        for skipped in (first_activation, second, second_activation):
+            if skipped is not None:
+                fused_into[skipped] = True
+        return True
+
+    def _argument(self, name: str | None, values: dict):
+        """The value of a step's input ``name`` (None for an omitted one)."""
+        if name is None:
+            return None
+        return values[name] if name in values else self.graph.variables[name].value
 
     def _bound_inputs(self, step: _Step, values: dict) -> list:
         """The values of a step's inputs after the first (a Clip's bounds)."""

@@ -33,6 +33,51 @@ def activation_partners(order: list, keep: set) -> dict:
     return partners
 
 
+def expand_chains(order: list, keep: set, partners: dict) -> dict:
+    """Step index of an unquantized 1x1 Conv -> (its Relu/Clip's index or None, the index of the depthwise
+    Conv that alone reads its result, that Conv's Relu/Clip's index or None): MobileNet-style expansions,
+    which the executor may run as one kernel (``ops._conv_channels_last.expand_then_depthwise``) so that
+    the expanded activation never goes to memory whole."""
+    position = {op.name: i for i, op in enumerate(order)}
+    chains = {}
+    for index, first in enumerate(order):
+        weight = _conv_weight(first)
+        if weight is None or weight.shape[2:] != (1, 1) or int(first.attributes.get("group", 1)) != 1 \
+                or any(int(v) != 1 for v in first.attributes.get("strides", [1, 1])) \
+                or any(int(v) != 0 for v in first.attributes.get("pads", [0, 0, 0, 0])):
+            continue
+        activation = partners.get(index)
+        middle = order[activation].outputs[0] if activation is not None else first.outputs[0]
+        if activation is not None and order[activation].config is not None:
+            continue
+        readers = middle.consumers
+        if middle.name in keep or first.outputs[0].name in keep or len(readers) != 1:
+            continue
+        second = readers[0]
+        filters = _conv_weight(second)
+        if filters is None or second.inputs[0] is not middle or any(v is middle for v in second.inputs[1:]) \
+                or second.name not in position or filters.shape[:2] != (weight.shape[0], 1) \
+                or int(second.attributes.get("group", 1)) != weight.shape[0]:
+            continue
+        last = partners.get(position[second.name])
+        if last is not None and order[last].config is not None:
+            continue
+        chains[index] = (activation, position[second.name], last)
+    return chains
+
+
+def _conv_weight(operation: Operation):
+    """The 4-D weight of an unquantized 2-D Conv with explicit pads and parameter weight and bias, or None."""
+    if operation.type != "Conv" or operation.config is not None or len(operation.outputs) != 1 \
+            or operation.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") \
+            or len(operation.inputs) < 2 or operation.inputs[1] is None or not operation.inputs[1].is_parameter:
+        return None
+    if len(operation.inputs) > 2 and operation.inputs[2] is not None and not operation.inputs[2].is_parameter:
+        return None
+    weight = operation.inputs[1].value
+    return weight if weight is not None and np.ndim(weight) == 4 else None
+
+
 def pad_folds(order: list, keep: set, opset: int) -> frozenset:
     """Step indices of the constant Pads read only by unquantized Convs (as their data, with explicit
     pads): when such a Pad turns out at run time to pad with zeros on spatial axes only

@@ -122,6 +122,17 @@ def _conv_pads(attrs: _Attributes, spatial, kernel, strides, dilations) -> tuple
     return list(attrs.pads[:rank]), list(attrs.pads[rank:])
 
 
+def conv2d_geometry(op, x_shape, w_shape) -> tuple:
+    """((top, left, bottom, right) pads, strides, dilations) with which the 2-D Conv ``op`` runs on an input
+    of ``x_shape`` with a weight of ``w_shape``."""
+    attrs = _Attributes(op)
+    kernel = list(w_shape[2:])
+    strides = _per_axis(op, "strides", attrs.strides, 2, 1)
+    dilations = _per_axis(op, "dilations", attrs.dilations, 2, 1)
+    begin, end = _conv_pads(attrs, list(x_shape[2:]), kernel, strides, dilations)
+    return (begin[0], begin[1], end[0], end[1]), strides, dilations
+
+
 # --------------------------------------------------------------------- Conv --
 def _conv2d(x, w, b, pads, strides, dilations, group, dtype, epilogue=None) -> np.ndarray:
     """2-D convolution: pads is (top, left, bottom, right); ``epilogue`` (elementwise, in place) applied
