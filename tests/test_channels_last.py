@@ -184,18 +184,22 @@ def test_clip_inside_a_float16_conv_is_applied_after_the_cast():
 
 
 # ----------------------------------------------------------- Pad folding --
-def _pad_conv_model(pads, value=None, group=6, k=3, stride=2, extra_reader=False):
-    """x -> Pad (pads computed at run time from a Shape, as EfficientNet's exports do) -> Conv "valid"."""
+def _pad_conv_model(pads, value=None, group=6, k=3, stride=2, extra_reader=False, expand=False):
+    """x -> Pad (pads computed at run time from a Shape, as EfficientNet's exports do) -> Conv "valid";
+    ``expand``: x first through a 1x1 Conv and a Relu (EfficientNet's expansion)."""
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((6, 6 // group, k, k)) / k).astype(np.float32)
     initializers = [onnx.numpy_helper.from_array(w, "w"),
+                    onnx.numpy_helper.from_array((rng.standard_normal((6, 6, 1, 1)) / 3).astype(np.float32), "we"),
                     onnx.numpy_helper.from_array(np.zeros(1, np.int64), "zeros"),
                     onnx.numpy_helper.from_array(np.array([0, 0] + pads[:2] + [0, 0] + pads[2:], np.int64),
                                                  "amounts")]
     nodes = [helper.make_node("Shape", ["x"], ["shape"]),
              helper.make_node("Slice", ["shape", "zeros", "zeros"], ["nothing"]),   # empty: a run-time value
              helper.make_node("Concat", ["amounts", "nothing"], ["pads"], axis=0)]
-    pad_inputs = ["x", "pads"]
+    pad_inputs = ["e" if expand else "x", "pads"]
+    if expand:
+        nodes += [helper.make_node("Conv", ["x", "we"], ["ec"]), helper.make_node("Relu", ["ec"], ["e"])]
     if value is not None:
         initializers.append(onnx.numpy_helper.from_array(np.array(value, np.float32), "value"))
         pad_inputs.append("value")
@@ -220,6 +224,24 @@ def test_zero_pad_folded_into_the_conv(pads, group, k, stride):
     assert [plan.steps[i].operation.type for i in plan.pad_folds] == ["Pad"]
     fused, unfused, seen = _run_both(model, {"x": x})
     assert "Pad" in seen
+    np.testing.assert_allclose(fused[0], expected[0], rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(fused[0], unfused[0])
+
+
+def test_expansion_pad_and_depthwise_as_one_kernel(monkeypatch):
+    """1x1 -> Relu -> zero Pad -> "valid" depthwise: one kernel, as EfficientNet-Lite0's blocks run."""
+    from ppqlike.executor import executor as executor_module
+    ran = []
+    original = executor_module.expand_then_depthwise
+    monkeypatch.setattr(executor_module, "expand_then_depthwise",
+                        lambda *arguments: ran.append(original(*arguments)) or ran[-1])
+    model = _pad_conv_model([1, 1, 2, 2], k=5, expand=True)
+    x = _channels_last(_data(2, 6, 12, 12, seed=13))
+    expected = run_onnxruntime(model, {"x": np.ascontiguousarray(x)})
+    assert len(ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(model)).compile().chains) == 1
+    fused, unfused, seen = _run_both(model, {"x": x})
+    assert len(ran) == 1 and ran[0] is not None   # the fused run went through the one kernel
+    assert "Pad" in seen and "Relu" in seen
     np.testing.assert_allclose(fused[0], expected[0], rtol=RTOL, atol=ATOL)
     np.testing.assert_array_equal(fused[0], unfused[0])
 

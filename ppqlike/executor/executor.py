@@ -168,8 +168,8 @@ class NumpyExecutor:
         needed_inputs = tuple(n for n in (v.name for v in graph.inputs)
                               if n in last_use or n in keep)
         partners = activation_partners(order, keep)
-        return _Plan(steps, needed_inputs, partners, pad_folds(order, keep, graph.opset),
-                     expand_chains(order, keep, partners))
+        folds = pad_folds(order, keep, graph.opset)
+        return _Plan(steps, needed_inputs, partners, folds, expand_chains(order, keep, partners, folds))
 
 
     # ---------------------------------------------------------- execution --
@@ -320,11 +320,22 @@ class NumpyExecutor:
     def _run_chain(self, plan: _Plan, index: int, arguments: list, values: dict, fused_into: dict) -> bool:
         """Run the 1x1 Conv of step ``index`` and the depthwise Conv of its chain (``fusion.expand_chains``)
         as one kernel, their Relu/Clips inside; False (nothing done) when the kernel does not apply."""
-        first_activation, second, second_activation = plan.chains[index]
+        first_activation, pad, second, second_activation = plan.chains[index]
         step = plan.steps[second]
+        if any(name is not None and name not in values and self.graph.variables[name].value is None
+               for name in step.inputs[1:] + (plan.steps[pad].inputs[1:] if pad is not None else ())):
+            return False   # an input not computed yet
         filters = [self._argument(name, values) for name in step.inputs[1:]]
         x, weight = arguments[0], arguments[1]
-        geometry = conv2d_geometry(step.operation, (x.shape[0], weight.shape[0]) + x.shape[2:], filters[0].shape)
+        (top, left, bottom, right), strides, dilations = conv2d_geometry(
+            step.operation, (x.shape[0], weight.shape[0]) + x.shape[2:], filters[0].shape)
+        if pad is not None:   # a zero Pad between, folded into the depthwise conv's pads
+            extra = zero_spatial_pads([np.broadcast_to(np.float32(0), (1, 1, 1, 1))]
+                                      + [self._argument(name, values) for name in plan.steps[pad].inputs[1:]])
+            if extra is None:
+                return False
+            top, left, bottom, right = top + extra[0], left + extra[1], bottom + extra[2], right + extra[3]
+        geometry = (top, left, bottom, right), strides, dilations
         epilogues = [None if i is None else clip_epilogue(activation_bounds(
             plan.steps[i].operation, self._bound_inputs(plan.steps[i], values), self.graph.opset))
             for i in (first_activation, second_activation)]
@@ -335,7 +346,7 @@ class NumpyExecutor:
             return False
         last = second if second_activation is None else second_activation
         values[plan.steps[last].outputs[0]] = out
-        for skipped in (first_activation, second, second_activation):
+        for skipped in (first_activation, pad, second, second_activation):
             if skipped is not None:
                 fused_into[skipped] = True
         return True

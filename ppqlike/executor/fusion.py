@@ -33,11 +33,12 @@ def activation_partners(order: list, keep: set) -> dict:
     return partners
 
 
-def expand_chains(order: list, keep: set, partners: dict) -> dict:
-    """Step index of an unquantized 1x1 Conv -> (its Relu/Clip's index or None, the index of the depthwise
-    Conv that alone reads its result, that Conv's Relu/Clip's index or None): MobileNet-style expansions,
-    which the executor may run as one kernel (``ops._conv_channels_last.expand_then_depthwise``) so that
-    the expanded activation never goes to memory whole."""
+def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = frozenset()) -> dict:
+    """Step index of an unquantized 1x1 Conv -> (its Relu/Clip's index or None, the index of a Pad of
+    ``folds`` between or None, the index of the depthwise Conv that alone reads its result, that Conv's
+    Relu/Clip's index or None): MobileNet-style expansions, which the executor may run as one kernel
+    (``ops._conv_channels_last.expand_then_depthwise``) so that the expanded activation never goes to
+    memory whole."""
     position = {op.name: i for i, op in enumerate(order)}
     chains = {}
     for index, first in enumerate(order):
@@ -53,6 +54,13 @@ def expand_chains(order: list, keep: set, partners: dict) -> dict:
         readers = middle.consumers
         if middle.name in keep or first.outputs[0].name in keep or len(readers) != 1:
             continue
+        pad = None
+        if readers[0].name in position and position[readers[0].name] in folds:   # EfficientNet's explicit Pad
+            pad = position[readers[0].name]
+            middle = readers[0].outputs[0]
+            readers = middle.consumers
+            if len(readers) != 1:
+                continue
         second = readers[0]
         filters = _conv_weight(second)
         if filters is None or second.inputs[0] is not middle or any(v is middle for v in second.inputs[1:]) \
@@ -62,7 +70,7 @@ def expand_chains(order: list, keep: set, partners: dict) -> dict:
         last = partners.get(position[second.name])
         if last is not None and order[last].config is not None:
             continue
-        chains[index] = (activation, position[second.name], last)
+        chains[index] = (activation, pad, position[second.name], last)
     return chains
 
 

@@ -17,7 +17,6 @@ transposes a conv stack would otherwise pay at each layer:
   beyond the border read zero margins).  MobileNetV2's 112x112x32 layer: 3.2 ms
   an image with a per-position einsum, 1.0 ms this way.  Other geometries:
   one einsum per image over a zero-padded copy.
-
 * ``expand_then_depthwise`` - a 1x1 convolution and the depthwise one reading
   its result, a group of images at a time, so that the expanded activation
   never goes to memory whole (MobileNetV2's 16 of them: 258 -> 229 ms a batch).
