@@ -20,6 +20,11 @@ def memory_axes(x: np.ndarray) -> tuple | None:
     return axes if x.transpose(axes).flags.c_contiguous else None
 
 
+def dense(x: np.ndarray) -> np.ndarray:
+    """``x`` itself when it is dense, else a C-ordered copy."""
+    return x if memory_axes(x) is not None else np.ascontiguousarray(x)
+
+
 def flat_view(x: np.ndarray) -> np.ndarray | None:
     """The elements of a dense ``x`` as a 1-D view in memory order (writes reach ``x``); None if not dense."""
     axes = memory_axes(x)

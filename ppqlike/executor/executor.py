@@ -171,7 +171,6 @@ class NumpyExecutor:
         folds = pad_folds(order, keep, graph.opset)
         return _Plan(steps, needed_inputs, partners, folds, expand_chains(order, keep, partners, folds))
 
-
     # ---------------------------------------------------------- execution --
     def prepare_inputs(self, inputs: Any) -> dict[str, np.ndarray]:
         """Turn ``inputs`` (a mapping, a list in graph-input order, or one array) into named arrays.
@@ -225,7 +224,6 @@ class NumpyExecutor:
         for name in plan.needed_inputs:
             if name not in values:
                 raise ExecutionError(f"graph {self.graph.name!r}: input {name!r} was not given")
-        variables = self.graph.variables
         fused_into: dict[int, object] = {}  # activation step index -> producer's pre-activation result
         deferred_pads: dict[str, list] = {}  # output of a folded Pad (its input as it is) -> the pads it owes
         grids: dict[str, tuple] = {}  # value name -> grid key of the config that last quantized it
@@ -235,14 +233,7 @@ class NumpyExecutor:
                 for name in step.release:
                     values.pop(name, None)
                 continue
-            arguments = []
-            for name in step.inputs:
-                if name is None:
-                    arguments.append(None)
-                elif name in values:
-                    arguments.append(values[name])
-                else:
-                    arguments.append(variables[name].value)
+            arguments = [self._argument(name, values) for name in step.inputs]
             if index in plan.pad_folds and not hooks:
                 extra = zero_spatial_pads(arguments)
                 if extra is not None:   # the Convs reading it pad instead
@@ -296,7 +287,7 @@ class NumpyExecutor:
                     values.pop(name, None)
                 continue
             results = quantize_outputs(operation, results, step.outputs, grids, on_output_grid,
-                                             fresh_results(operation, results, arguments))
+                                       fresh_results(operation, results, arguments))
             for hook in hooks:
                 replaced = hook.after_operation(operation, arguments, results)
                 if replaced is not None:
@@ -309,7 +300,7 @@ class NumpyExecutor:
                 values.pop(name, None)
         outputs = []
         for name in names:
-            value = np.asarray(values[name] if name in values else variables[name].value)
+            value = np.asarray(self._argument(name, values))
             if not value.flags.writeable or value.base is not None:
                 value = value.copy()  # never hand out a view of a parameter or a read-only broadcast
             outputs.append(value)
@@ -359,8 +350,7 @@ class NumpyExecutor:
 
     def _bound_inputs(self, step: _Step, values: dict) -> list:
         """The values of a step's inputs after the first (a Clip's bounds)."""
-        return [None if name is None else (values[name] if name in values else self.graph.variables[name].value)
-                for name in step.inputs[1:]]
+        return [self._argument(name, values) for name in step.inputs[1:]]
 
     def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list, argument_grids: tuple = (),
                     epilogue=None, extra_pads: list | None = None) -> tuple[list, bool]:

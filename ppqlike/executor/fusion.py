@@ -165,10 +165,9 @@ def activate_in_place(activation: Operation, output_names: tuple, value: np.ndar
         np.clip(value, edges[0], edges[1], out=value)
         grids[output_names[0]] = lies_on
         return [value]
-    if activation.type == "Relu" and not clipped:
-        np.clip(value, 0, np.inf, out=value)   # numpy's two-bound clip: about 2x maximum's speed
-    elif low is not None or high is not None:
-        np.clip(value, low, high, out=value)
+    clip = None if clipped else clip_epilogue(bounds)
+    if clip is not None:
+        clip(value)
     return quantize_outputs(activation, [value], output_names, grids, fresh=(True,))
 
 

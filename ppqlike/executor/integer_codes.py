@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.layout import empty_like_dense, flat_view, memory_axes
+from ..core.layout import dense, empty_like_dense, flat_view
 from ..core.numerics import along_channel_axis
 from ..core.quant import TensorQuantizationConfig
 
@@ -41,8 +41,7 @@ def integer_codes(config: TensorQuantizationConfig, value, on_grid: bool = False
     dtype = F32 if value.dtype == F32 else np.float64
     scale = along_channel_axis(np.asarray(config.scale, dtype), value.ndim, value.shape, config.channel_axis)
     if scale.ndim == 0 and value.size > BLOCK:
-        return _integers_blockwise(value if memory_axes(value) else np.ascontiguousarray(value), scale, dtype,
-                                   check=not on_grid)
+        return _integers_blockwise(dense(value), scale, dtype, check=not on_grid)
     if on_grid and value.ndim:
         integers = np.divide(value, scale, dtype=dtype)
         return np.rint(integers, out=integers)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..core import numerics
 from ..core.ir import Graph, Operation
-from ..core.layout import channel_view, empty_like_dense, memory_axes
+from ..core.layout import channel_view, dense, empty_like_dense, memory_axes
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 from ..core.rounding import RoundingPolicy, round_inplace
@@ -125,8 +125,7 @@ def requantize_output(config: TensorQuantizationConfig, value):
     per_channel = facts.per_channel
     accumulator_scale = np.asarray(facts.accumulator_scale, np.float64).reshape(-1)
     multiplier, shift = np.asarray(facts.multiplier).reshape(-1), np.asarray(facts.right_shift).reshape(-1)
-    if memory_axes(value) is None:
-        value = np.ascontiguousarray(value)
+    value = dense(value)
     result = empty_like_dense(value, np.float32)
     source = channel_view(value, axis if per_channel else None)   # the factors along its middle axis
     out = channel_view(result, axis if per_channel else None)

@@ -49,8 +49,8 @@ def is_channels_last(x: np.ndarray) -> bool:
 
 def finish(block: np.ndarray, bias: np.ndarray | None, epilogue) -> None:
     """The end of a block of output, in place, while it is in cache: + ``bias`` (broadcast along the last
-    axis), then ``epilogue(block)`` (elementwise work the executor hands the kernel: a fused Relu/Clip,
-    the output's quantization; None: nothing)."""
+    axis), then ``epilogue(block)`` (elementwise work the executor hands the kernel: a fused Relu/Clip;
+    None: nothing)."""
     if bias is not None:
         np.add(block, bias, out=block)
     if epilogue is not None:

@@ -114,7 +114,7 @@ def im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, di
     Images are processed a few at a time (so that the padded input, the patch
     matrix and the GEMM's output chunk stay in cache), on the thread pool.
     The bias rides in the GEMM as a patch row (or column) of ones; ``epilogue`` (elementwise, in place:
-    a fused Relu/Clip, the output's quantization) is applied to each chunk of output after its GEMM.
+    a fused Relu/Clip) is applied to each chunk of output after its GEMM.
     """
     n, ci, h, wd = x.shape
     co, cg, kh, kw = w.shape
@@ -171,8 +171,6 @@ def im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, di
                 for g in range(group):
                     target[...] = windows[..., g * cg:(g + 1) * cg]
                     np.matmul(wmats[g], patches[:m].transpose(0, 2, 1), out=out3[c0:c1, g * cog:(g + 1) * cog])
-                if epilogue is not None:
-                    epilogue(out3[c0:c1])
             else:
                 if padded:
                     xp[:m, :, pt:pt + h, pl:pl + wd] = x[c0:c1]
@@ -186,9 +184,8 @@ def im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, di
                 for g in range(group):
                     target[...] = windows[:, g * cg:(g + 1) * cg]
                     np.matmul(wmats[g], patches[:m], out=out3[c0:c1, g * cog:(g + 1) * cog])
-                if epilogue is not None:
-                    epilogue(out3[c0:c1])
+            if epilogue is not None:
+                epilogue(out3[c0:c1])
 
     parallel(run, split_evenly(n, num_threads()))
     return out
-

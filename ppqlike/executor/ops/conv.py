@@ -204,8 +204,8 @@ def _build_conv(op, opset: int) -> Kernel:
     attrs = _Attributes(op)
 
     def kernel(inputs, epilogue=None, extra_pads=None):
-        """``epilogue``: elementwise work on the result, in place (a fused Relu/Clip, the output's
-        quantization), done block by block while a block is in cache where a path can.  ``extra_pads``:
+        """``epilogue``: elementwise work on the result, in place (a fused Relu/Clip), done
+        block by block while a block is in cache where a path can.  ``extra_pads``:
         zero padding of the input (spatial begins, then ends) that a Pad folded into this convolution
         left to it."""
         x, w = inputs[0], inputs[1]
