@@ -37,6 +37,9 @@ from ._threads import num_threads, parallel, split_evenly
 _ROWS_BLOCK = 1 << 19       # output elements per block of a depthwise convolution: few, long numpy calls
                             # (each costs ~10 us and a hand-over of the GIL between the kernel threads)
 _POINTWISE_BLOCK = 1 << 18  # output elements per GEMM of a 1x1 convolution
+_POINTWISE_GROUPS = 8       # a 1x1 convolution of a batch is cut into at least this many GEMMs (fewer
+                            # images): the kernel threads get balanced work on small maps.  A constant, not
+                            # the thread count: OpenBLAS's sums depend on the cuts, results must not
 _JOBS_PER_THREAD = 4        # jobs per kernel thread: a thread slowed by another process holds up less
 _WINDOWS_MIN_CHANNELS = 64  # another geometry runs channels-last (one einsum per image) from this many
 _WINDOWS_MAX_MAP = 60 * 60  # channels, on maps of at most this many positions
@@ -70,7 +73,7 @@ def pointwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dtype, epilogu
     """
     n, ci, h, wd = x.shape
     co = w.shape[0]
-    gemm = _Gemm(w, b, h * wd, dtype)
+    gemm = _Gemm(w, b, h * wd, n, dtype)
     source = x.transpose(0, 2, 3, 1).reshape(n, h * wd, ci)
     out = np.empty((n, h, wd, co), dtype)
     target = out.reshape(n, h * wd, co)
@@ -86,13 +89,14 @@ def pointwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dtype, epilogu
 
 
 class _Gemm:
-    """The GEMMs of a 1x1 convolution over channels-last images: one per group of whole images (about
-    ``_POINTWISE_BLOCK`` output elements), so that ``pointwise`` and ``expand_then_depthwise`` make the
+    """The GEMMs of a 1x1 convolution over ``n`` channels-last images: one per group of whole images (about
+    ``_POINTWISE_BLOCK`` output elements, at least ``_POINTWISE_GROUPS`` groups when there are as many
+    images), so that ``pointwise`` and ``expand_then_depthwise`` make the
     same BLAS calls (OpenBLAS's sums depend on how the rows are cut) and agree bit for bit.  When the
     output is much wider than the input the bias rides in the GEMM (the input rows copied beside a column
     of ones: cheaper than a pass over the output)."""
 
-    def __init__(self, w: np.ndarray, b: np.ndarray | None, positions: int, dtype):
+    def __init__(self, w: np.ndarray, b: np.ndarray | None, positions: int, n: int, dtype):
         co, ci = w.shape[:2]
         self.augmented = b is not None and co >= 2 * (ci + 1)
         self.weight = np.empty((ci + self.augmented, co), dtype)
@@ -100,7 +104,7 @@ class _Gemm:
         if self.augmented:
             self.weight[ci] = b
         self.bias = None if b is None or self.augmented else b.astype(dtype, copy=False)
-        self.images = max(1, _POINTWISE_BLOCK // max(positions * co, 1))   # images per GEMM
+        self.images = max(1, min(_POINTWISE_BLOCK // max(positions * co, 1), -(-n // _POINTWISE_GROUPS)))
         self.rows, self.ci, self.co, self.dtype = self.images * positions, ci, co, dtype
 
     def groups(self, n: int) -> list:
@@ -143,7 +147,7 @@ def expand_then_depthwise(x: np.ndarray, expand: tuple, depthwise: tuple, pads, 
     if dtype != np.float32 or not is_channels_last(x) or ho * sh != h or wo * sw != wd or ho <= 0 or wo <= 0 \
             or w2.shape[:2] != (co, 1):
         return None
-    gemm = _Gemm(w1, b1, h * wd, dtype)
+    gemm = _Gemm(w1, b1, h * wd, n, dtype)
     plan = _TapGroups(co, h, wd, w2, b2, pads, strides, dilations, dtype)
     source = x.transpose(0, 2, 3, 1).reshape(n, h * wd, ci)
     out = np.empty((n, ho, wo, co), dtype)
