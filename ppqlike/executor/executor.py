@@ -25,7 +25,7 @@ from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from ..core.quant_graph import overlapped_root
 from .fusion import (activate_in_place, activation_bounds, activation_partners, clip_epilogue, configs_let_fuse,
-                     expand_chains, fusable, pad_folds)
+                     expand_chains, fusable, grid_edges, pad_folds)
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .ops import Kernel, build_kernel
 from .ops._conv_channels_last import expand_then_depthwise
@@ -255,15 +255,19 @@ class NumpyExecutor:
                 if replaced is not None:
                     arguments, grids_of_arguments = list(replaced), ()  # a hook's values may lie anywhere
             partner = plan.fusions.get(index) if not hooks else None
-            clip = None   # a fused Relu/Clip the conv kernel applies itself, block by block
-            if partner is not None and not runtime and getattr(step.kernel, "takes_epilogue", False) \
-                    and configs_let_fuse(operation, plan.steps[partner].operation):
+            clip = None    # a fused Relu/Clip the conv kernel applies itself, block by block
+            edges = None   # or the integer kernel clamps to, on its output grid
+            if partner is not None and configs_let_fuse(operation, plan.steps[partner].operation):
                 activation = plan.steps[partner]
-                clip = clip_epilogue(activation_bounds(activation.operation, self._bound_inputs(activation, values),
-                                                       self.graph.opset))
+                bounds = activation_bounds(activation.operation, self._bound_inputs(activation, values),
+                                           self.graph.opset)
+                if runtime:
+                    edges = grid_edges(activation.operation, bounds, _output_grid(operation))
+                elif getattr(step.kernel, "takes_epilogue", False):
+                    clip = clip_epilogue(bounds)
             try:
                 results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, grids_of_arguments,
-                                                           clip, extra_pads)
+                                                           clip, extra_pads, edges)
             except PPQLikeError:
                 raise
             except Exception as error:  # a numpy error inside a kernel: name the node
@@ -273,13 +277,12 @@ class NumpyExecutor:
             if clip is not None or (partner is not None
                                     and fusable(operation, plan.steps[partner].operation, results[0])):
                 activation = plan.steps[partner]
-                lies_on = None   # the grid the integer kernel left the (unclamped) result on
-                if on_output_grid and operation.config is not None:
-                    lies_on = grid_key(overlapped_root(operation.config.output_quantization_config[0]))
+                lies_on = _output_grid(operation) if on_output_grid else None   # where the integer kernel put it
                 bounds = None if clip is not None else activation_bounds(
                     activation.operation, self._bound_inputs(activation, values), self.graph.opset)
                 results = activate_in_place(activation.operation, activation.outputs, results[0], bounds, grids,
-                                            lies_on, clipped=clip is not None)
+                                            lies_on, clipped=clip is not None,
+                                            on_edges=on_output_grid and edges is not None)
                 fused_into[partner] = True
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
@@ -353,13 +356,14 @@ class NumpyExecutor:
         return [self._argument(name, values) for name in step.inputs[1:]]
 
     def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list, argument_grids: tuple = (),
-                    epilogue=None, extra_pads: list | None = None) -> tuple[list, bool]:
+                    epilogue=None, extra_pads: list | None = None, edges=None) -> tuple[list, bool]:
         """The op's raw results: its float kernel, or the deployment runtime's integer kernel where marked;
         and whether they already lie on the output configs' grids (the integer kernel's do).  ``epilogue``:
         in-place elementwise work for a float kernel that does it block by block (``takes_epilogue``):
-        a fused activation's clip; ``extra_pads``: the padding a folded Pad left to this Conv."""
+        a fused activation's clip; ``extra_pads``: the padding a folded Pad left to this Conv; ``edges``:
+        a fused activation's (``fusion.grid_edges``) the integer kernel clamps to."""
         if self.runtime_kernels and wants_runtime_kernel(operation):
-            results = run_runtime_kernel(operation, kernel, arguments, argument_grids)
+            results = run_runtime_kernel(operation, kernel, arguments, argument_grids, edges)
             if results is not None:
                 return results, True
         if epilogue is None and extra_pads is None:
@@ -374,3 +378,10 @@ class NumpyExecutor:
             results, on_output_grid = self._run_kernel(operation, kernel, arguments)
             return quantize_outputs(operation, results, on_output_grid=on_output_grid)
         return list(kernel(list(inputs)))
+
+
+def _output_grid(operation: Operation) -> tuple | None:
+    """The grid key of the config that quantizes ``operation``'s result (through an OVERLAPPED chain)."""
+    if operation.config is None or not operation.config.output_quantization_config:
+        return None
+    return grid_key(overlapped_root(operation.config.output_quantization_config[0]))

@@ -144,25 +144,39 @@ def activation_bounds(activation: Operation, bound_inputs: list, opset: int) -> 
     return None if low is None and high is None else (low, high)
 
 
+def grid_edges(activation: Operation, bounds: tuple | None, lies_on: tuple | None) -> np.ndarray | None:
+    """[low, high] of a Relu/Clip of ``bounds`` quantized by its output config, when that config
+    quantizes to the grid ``lies_on`` (the key of the grid its input lies on, unclamped; None: none).
+
+    quantize(clip(v, lo, hi)) equals clip(v, quantize(lo), quantize(hi)) for every v on that grid
+    (quantization is monotone and leaves grid points in range unchanged), so one clip to these edges
+    does both; None when that does not hold.
+    """
+    output = activation.config.output_quantization_config[0] \
+        if activation.config is not None and activation.config.output_quantization_config else None
+    low, high = (None, None) if bounds is None else bounds
+    if lies_on is None or output is None or output.requantization is not None \
+            or not keeps_grid(output, lies_on) or np.size(low) > 1 or np.size(high) > 1:
+        return None
+    return output.fake_quantize(np.array([-np.inf if low is None else np.asarray(low).reshape(-1)[0],
+                                          np.inf if high is None else np.asarray(high).reshape(-1)[0]],
+                                         np.float32))
+
+
 def activate_in_place(activation: Operation, output_names: tuple, value: np.ndarray, bounds: tuple | None,
-                      grids: dict, lies_on: tuple | None = None, clipped: bool = False) -> list:
+                      grids: dict, lies_on: tuple | None = None, clipped: bool = False,
+                      on_edges: bool = False) -> list:
     """Apply a Relu/Clip of ``bounds`` (``activation_bounds``) to ``value`` in place (``clipped``: the
     producer's kernel did), then the activation's output quantization.
 
-    ``lies_on``: the grid key ``value`` lies on, unclamped (an integer kernel put it there).  When
-    the activation's output config quantizes to that grid, quantize(clip(v, lo, hi)) equals
-    clip(v, quantize(lo), quantize(hi)) for every v on it (quantization is monotone and leaves
-    grid points in range unchanged), so one clip does both.
+    ``lies_on``: the grid key ``value`` lies on, unclamped (an integer kernel put it there): then one
+    clip to ``grid_edges`` does both, or nothing when the integer kernel already clamped to them
+    (``on_edges``).
     """
-    low, high = (None, None) if clipped or bounds is None else bounds
-    output = activation.config.output_quantization_config[0] \
-        if activation.config is not None and activation.config.output_quantization_config else None
-    if lies_on is not None and output is not None and output.requantization is None \
-            and keeps_grid(output, lies_on) and np.size(low) <= 1 and np.size(high) <= 1:
-        edges = output.fake_quantize(np.array([-np.inf if low is None else np.asarray(low).reshape(-1)[0],
-                                               np.inf if high is None else np.asarray(high).reshape(-1)[0]],
-                                              np.float32))
-        np.clip(value, edges[0], edges[1], out=value)
+    edges = grid_edges(activation, None if clipped else bounds, lies_on)
+    if edges is not None:
+        if not on_edges:
+            np.clip(value, edges[0], edges[1], out=value)
         grids[output_names[0]] = lies_on
         return [value]
     clip = None if clipped else clip_epilogue(bounds)

@@ -120,17 +120,18 @@ def _wrap_int32(accumulator: np.ndarray) -> np.ndarray:
 
 
 def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationConfig,
-                clamp: bool = True, axis: int | None = None, bias: np.ndarray | None = None) -> np.ndarray:
+                clamp: bool | tuple = True, axis: int | None = None, bias: np.ndarray | None = None) -> np.ndarray:
     """MLAS's requantization of an exact accumulator, then dequantized with ``output``.
 
     q = clamp(rint(float32(acc) * M)) with M per channel along ``axis`` (a 1-D array) or one
     value; ``clamp=False`` (the op's activation is fused after it) leaves the range to the
     activation op and the quantization after it, so the op's own output keeps its pre-activation
-    values.  ``bias`` (float64 integers per channel along ``axis``): added to the float32
+    values; a (low, high) pair of codes q - z clamps to those instead of the output's range.  ``bias`` (float64 integers per channel along ``axis``): added to the float32
     ``accumulator`` exactly, in float64, before float32(acc).  Works in place on a float32
     ``accumulator``, a cache-sized block at a time.
     """
     zero = zero_point(output)
+    low, high = clamp if isinstance(clamp, tuple) else (output.quant_min - zero, output.quant_max - zero)
     fresh = accumulator.dtype == _F32 and accumulator.flags.writeable and memory_axes(accumulator) is not None
     multiplier = np.asarray(multiplier, _F32).reshape(-1)
     scale = np.asarray(output.scale)
@@ -141,10 +142,10 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
     if scale.dtype != _F32 or scale.size != 1 or (multiplier.size > 1 and axis is None):
         q *= multiplier if multiplier.size == 1 else along_channel_axis(multiplier, q.ndim, q.shape, axis)
         np.rint(q, out=q)
-        if clamp:
-            np.clip(q, output.quant_min - zero, output.quant_max - zero, out=q)
+        if clamp is not False:
+            np.clip(q, low, high, out=q)
         return output.dequantize((q + zero).astype(np.int64))
-    low, high = _F32(output.quant_min - zero), _F32(output.quant_max - zero)
+    low, high = _F32(low), _F32(high)
     scale = scale.reshape(())
     if bias is not None and multiplier.size == 1:   # blocks along the channels, for the bias
         multiplier = np.full(q.shape[axis], multiplier[0], _F32)
@@ -156,7 +157,7 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
             np.add(block, bias[channels].reshape(factor.shape), out=block, dtype=np.float64, casting="same_kind")
         np.multiply(block, factor, out=block)
         np.rint(block, out=block)
-        if clamp:
+        if clamp is not False:
             np.clip(block, low, high, out=block)
         np.multiply(block, scale, out=block)   # S * (q - z): output.dequantize's float32 arithmetic
     return q
@@ -179,7 +180,7 @@ def _fused(operation: Operation) -> bool:
     return own.state is QuantizationStates.OVERLAPPED
 
 
-def _linear(operation, kernel, arguments, configs, output, on_grid):
+def _linear(operation, kernel, arguments, configs, output, on_grid, clamp):
     data, weight = configs[0], configs[1]
     if data is None or weight is None or not per_tensor(data):
         return None
@@ -219,7 +220,7 @@ def _linear(operation, kernel, arguments, configs, output, on_grid):
     if np.size(weight.scale) not in (1, accumulator.shape[axis]):
         return None
     multiplier = _channel_multiplier(data.scale, weight.scale, output.scale)
-    return [_requantize(accumulator, multiplier, output, clamp=not _fused(operation), axis=axis, bias=bias)]
+    return [_requantize(accumulator, multiplier, output, clamp=clamp or not _fused(operation), axis=axis, bias=bias)]
 
 
 def _fma(a, b, c) -> np.ndarray:
@@ -257,7 +258,7 @@ def qlinear_mul(qa, qb, scale_a, zero_a, scale_b, zero_b, scale_y, zero_y, quant
 def _binary(arithmetic: Callable, scalars: bool):
     """The kernel of a binary elementwise op on two per-tensor quantized operands (``scalars``: whether a
     one-element operand takes the same arithmetic inside onnxruntime)."""
-    def run(operation, kernel, arguments, configs, output, on_grid):
+    def run(operation, kernel, arguments, configs, output, on_grid, clamp):
         if len(configs) < 2 or configs[0] is None or configs[1] is None:
             return None
         if not (per_tensor(configs[0]) and per_tensor(configs[1])):
@@ -269,10 +270,12 @@ def _binary(arithmetic: Callable, scalars: bool):
         if any(i is None for i in integers):
             return None
         (a, b), zeros = integers, [zero_point(config) for config in configs[:2]]
+        low, high = (output.quant_min, output.quant_max) if clamp is None else \
+            (clamp[0] + zero_point(output), clamp[1] + zero_point(output))
 
         def compute(a, b):   # onnxruntime's codes, then S_y (q - z_y) as output.dequantize computes it
             q = arithmetic(a + zeros[0], b + zeros[1], configs[0].scale, zeros[0], configs[1].scale, zeros[1],
-                           output.scale, zero_point(output), output.quant_min, output.quant_max)
+                           output.scale, zero_point(output), low, high)
             q -= zero_point(output)
             return dequantize_codes(output, q)
         if not same_layout(a, b) or a.size <= BLOCK or memory_axes(a) is None:
@@ -289,7 +292,7 @@ _add = _binary(qlinear_add, scalars=False)  # a scalar operand takes another pat
 _mul = _binary(qlinear_mul, scalars=True)   # QLinearMul's scalar path computes the same
 
 
-def _global_average_pool(operation, kernel, arguments, configs, output, on_grid):
+def _global_average_pool(operation, kernel, arguments, configs, output, on_grid, clamp):
     data = configs[0]
     if data is None or not per_tensor(data):
         return None
@@ -299,7 +302,7 @@ def _global_average_pool(operation, kernel, arguments, configs, output, on_grid)
     positions = int(np.prod(integers.shape[2:]))
     accumulator = integers.sum(axis=tuple(range(2, integers.ndim)), keepdims=True, dtype=np.float64)
     multiplier = _F32(_F32(data.scale) / _F32(_F32(output.scale) * _F32(positions)))
-    return [_requantize(accumulator, multiplier, output)]
+    return [_requantize(accumulator, multiplier, output, clamp=clamp or True)]
 
 
 _KERNELS: dict[str, Callable] = {"Conv": _linear, "MatMul": _linear, "Gemm": _linear, "Add": _add,
@@ -307,14 +310,16 @@ _KERNELS: dict[str, Callable] = {"Conv": _linear, "MatMul": _linear, "Gemm": _li
 
 
 def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequence,
-                       argument_grids: Sequence = ()) -> list | None:
+                       argument_grids: Sequence = (), clamp_to: np.ndarray | None = None) -> list | None:
     """The op's outputs as onnxruntime's integer kernel computes them, or None where it does not apply.
 
     ``arguments`` are the op's inputs after its input configs (already
     quantized values); ``argument_grids[i]``, where given, is the grid key
     (``simulation.grid_key``) of the config that last quantized argument i.
     The result is dequantized float32, already on the output grid of the
-    quantizing config.
+    quantizing config.  ``clamp_to``: [low, high] on that grid, the edges of
+    a Relu/Clip fused after the op (``fusion.grid_edges``), to which the
+    result is clamped in place of the config's range.
     """
     config = operation.config
     output = _root(config.output_quantization_config[0])
@@ -326,4 +331,8 @@ def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequen
     on_grid = [index < len(argument_grids) and config is not None and argument_grids[index] is not None
                and argument_grids[index] == grid_key(config) for index, config in enumerate(configs)]
     on_grid += [False] * (len(arguments) - len(on_grid))
-    return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output, on_grid)
+    clamp = None
+    if clamp_to is not None:   # edges S * (q - z) on the grid: their codes, exactly
+        codes = np.rint(np.asarray(clamp_to, _F32) / np.asarray(output.scale, _F32).reshape(()))
+        clamp = (float(codes[0]), float(codes[1]))
+    return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output, on_grid, clamp)
