@@ -234,3 +234,31 @@ def test_saturated_bias_is_added_apart_bit_for_bit(large_bias, wraps, tmp_path, 
     assert bool(wrapped) == wraps
     assert chosen == ["bias apart"]   # with the bias not exact in float32, the products alone exact
     np.testing.assert_array_equal(simulated, run_qdq_model(model, {"x": x})[0])
+
+
+def test_codes_handed_between_integer_kernels_are_the_values(tmp_path):
+    """Integer kernels hand their results on as codes (``Codes``) when no hook watches: every value a
+    caller can see - graph outputs, intermediate outputs read by integer kernels (relu1's result feeds
+    the depthwise conv and the residual Add) and by float ops - equals the hooked run's, where every
+    value is a float array, bit for bit; outputs are fresh writeable arrays."""
+    from ppqlike.executor import OperationHook
+    from ppqlike.executor.integer_codes import Codes, integer_codes
+    graph, model = _quantized(5, tmp_path)
+    x = np.random.default_rng(2).standard_normal((4, 3, 12, 12)).astype(np.float32) * 1.5
+    names = ["r1", "r2", "s", "g", "f", "y"]
+    executor = NumpyExecutor(graph)
+    plain = executor.forward(x, output_names=names)
+    hooked = executor.forward(x, output_names=names, hooks=[OperationHook()])
+    for name, a, b in zip(names, plain, hooked):
+        assert type(a) is np.ndarray and a.flags.writeable, name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    np.testing.assert_array_equal(executor.forward(x)[0], run_qdq_model(model, {"x": x})[0])
+
+    config = graph.operations["relu1"].config.output_quantization_config[0]
+    codes = np.array([[-3.0, 0.0, 7.0]], np.float32)
+    held = Codes(codes.copy(), config)
+    assert integer_codes(config, held, on_grid=True) is held.codes()   # read as they are
+    values = held.values()
+    np.testing.assert_array_equal(values, config.dequantize(codes.astype(np.int64) + int(config.offset)))
+    assert held.codes() is None and held.values() is values                # once, in place
+    np.testing.assert_array_equal(integer_codes(config, held), codes)      # recovered from the values

@@ -26,12 +26,14 @@ from ..core.ir import Graph, Operation
 from ..core.quant_graph import overlapped_root
 from .fusion import (activate_in_place, activation_bounds, activation_partners, clip_epilogue, configs_let_fuse,
                      expand_chains, fusable, grid_edges, pad_folds)
+from .integer_codes import Codes, values_of
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .ops import Kernel, build_kernel
 from .ops._conv_channels_last import expand_then_depthwise
 from .ops.conv import conv2d_geometry
 from .ops.tensor import zero_spatial_pads
-from .simulation import argument_grids, fresh_results, grid_key, quantize_inputs, quantize_outputs
+from .simulation import (argument_grids, fresh_results, grid_key, keeps_grid, passes_through, quantize_inputs,
+                         quantize_outputs)
 
 
 class OperationHook:
@@ -233,7 +235,8 @@ class NumpyExecutor:
                 for name in step.release:
                     values.pop(name, None)
                 continue
-            arguments = [self._argument(name, values) for name in step.inputs]
+            runtime = self.runtime_kernels and wants_runtime_kernel(operation)
+            arguments = self._arguments(step, values, grids, keep_codes=runtime and not hooks)
             if index in plan.pad_folds and not hooks:
                 extra = zero_spatial_pads(arguments)
                 if extra is not None:   # the Convs reading it pad instead
@@ -248,7 +251,6 @@ class NumpyExecutor:
                 continue
             extra_pads = deferred_pads.get(step.inputs[0]) if deferred_pads and step.inputs else None
             arguments = quantize_inputs(operation, arguments, step.inputs, grids)
-            runtime = self.runtime_kernels and wants_runtime_kernel(operation)   # only it reads the grids
             grids_of_arguments = argument_grids(operation, step.inputs, grids) if runtime else ()
             for hook in hooks:
                 replaced = hook.before_operation(operation, arguments)
@@ -267,22 +269,24 @@ class NumpyExecutor:
                     clip = clip_epilogue(bounds)
             try:
                 results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, grids_of_arguments,
-                                                           clip, extra_pads, edges)
+                                                           clip, extra_pads, edges, as_codes=not hooks)
             except PPQLikeError:
                 raise
             except Exception as error:  # a numpy error inside a kernel: name the node
                 shapes = [None if a is None else list(np.shape(a)) for a in arguments]
                 raise ExecutionError(f"{operation.type} node {operation.name!r} failed on input shapes "
                                      f"{shapes}: {type(error).__name__}: {error}") from error
-            if clip is not None or (partner is not None
-                                    and fusable(operation, plan.steps[partner].operation, results[0])):
+            on_edges = on_output_grid and edges is not None   # the integer kernel did the activation
+            if partner is not None and not on_edges:
+                results = [values_of(value) for value in results]
+            if clip is not None or on_edges or (partner is not None
+                                                and fusable(operation, plan.steps[partner].operation, results[0])):
                 activation = plan.steps[partner]
                 lies_on = _output_grid(operation) if on_output_grid else None   # where the integer kernel put it
                 bounds = None if clip is not None else activation_bounds(
                     activation.operation, self._bound_inputs(activation, values), self.graph.opset)
                 results = activate_in_place(activation.operation, activation.outputs, results[0], bounds, grids,
-                                            lies_on, clipped=clip is not None,
-                                            on_edges=on_output_grid and edges is not None)
+                                            lies_on, clipped=clip is not None, on_edges=on_edges)
                 fused_into[partner] = True
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
@@ -346,26 +350,48 @@ class NumpyExecutor:
         return True
 
     def _argument(self, name: str | None, values: dict):
-        """The value of a step's input ``name`` (None for an omitted one)."""
+        """The value of a step's input ``name`` (None for an omitted one); ``Codes`` turned into values."""
         if name is None:
             return None
-        return values[name] if name in values else self.graph.variables[name].value
+        if name not in values:
+            return self.graph.variables[name].value
+        value = values[name]
+        if isinstance(value, Codes):
+            value = values[name] = value.values()
+        return value
+
+    def _arguments(self, step: _Step, values: dict, grids: dict, keep_codes: bool) -> list:
+        """A step's input values; with ``keep_codes`` (an integer kernel reads them), the ``Codes`` that
+        its input configs pass as they are (passing through, or on their grids) stay codes."""
+        configs = step.operation.config.input_quantization_config if keep_codes and step.operation.config else ()
+        arguments = []
+        for index, name in enumerate(step.inputs):
+            value = values.get(name) if name is not None else None
+            if isinstance(value, Codes) and index < len(configs) and (
+                    passes_through(configs[index]) or keeps_grid(configs[index], grids.get(name))):
+                arguments.append(value)
+            else:
+                arguments.append(self._argument(name, values))
+        return arguments
 
     def _bound_inputs(self, step: _Step, values: dict) -> list:
         """The values of a step's inputs after the first (a Clip's bounds)."""
         return [self._argument(name, values) for name in step.inputs[1:]]
 
     def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list, argument_grids: tuple = (),
-                    epilogue=None, extra_pads: list | None = None, edges=None) -> tuple[list, bool]:
+                    epilogue=None, extra_pads: list | None = None, edges=None,
+                    as_codes: bool = False) -> tuple[list, bool]:
         """The op's raw results: its float kernel, or the deployment runtime's integer kernel where marked;
         and whether they already lie on the output configs' grids (the integer kernel's do).  ``epilogue``:
         in-place elementwise work for a float kernel that does it block by block (``takes_epilogue``):
         a fused activation's clip; ``extra_pads``: the padding a folded Pad left to this Conv; ``edges``:
-        a fused activation's (``fusion.grid_edges``) the integer kernel clamps to."""
+        a fused activation's (``fusion.grid_edges``) the integer kernel clamps to; ``as_codes``: its
+        results may be ``Codes``.  ``Codes`` among the arguments are read by the integer kernel only."""
         if self.runtime_kernels and wants_runtime_kernel(operation):
-            results = run_runtime_kernel(operation, kernel, arguments, argument_grids, edges)
+            results = run_runtime_kernel(operation, kernel, arguments, argument_grids, edges, as_codes)
             if results is not None:
                 return results, True
+            arguments = [values_of(value) for value in arguments]
         if epilogue is None and extra_pads is None:
             return kernel(arguments), False
         return kernel(arguments, epilogue=epilogue, extra_pads=extra_pads), False

@@ -22,6 +22,41 @@ F32 = np.float32
 BLOCK = 1 << 15   # elements per block of the per-tensor paths
 
 
+class Codes:
+    """An integer kernel's result held as its codes q - z (integer-valued float32, any memory order),
+    standing for the values S * (q - z) of ``config`` (per tensor, float32 scale): the next integer
+    kernel reads the codes as they are instead of recovering them from the values.  ``values()`` turns
+    them into those values in place, once (the codes are gone after)."""
+
+    __slots__ = ("config", "_array", "_are_codes")
+
+    def __init__(self, codes: np.ndarray, config: TensorQuantizationConfig):
+        self.config, self._array, self._are_codes = config, codes, True
+
+    @property
+    def shape(self) -> tuple:
+        return self._array.shape
+
+    @property
+    def size(self) -> int:
+        return self._array.size
+
+    def codes(self) -> np.ndarray | None:
+        """The codes, or None once they were turned into values."""
+        return self._array if self._are_codes else None
+
+    def values(self) -> np.ndarray:
+        """S * (q - z), as ``dequantize_codes`` computes it (in place the first time)."""
+        if self._are_codes:
+            self._array, self._are_codes = dequantize_codes(self.config, self._array), False
+        return self._array
+
+
+def values_of(value):
+    """``value`` itself, or the values of ``Codes``."""
+    return value.values() if isinstance(value, Codes) else value
+
+
 def per_tensor(config: TensorQuantizationConfig) -> bool:
     """Whether ``config`` has one scale for the whole tensor."""
     return np.size(config.scale) == 1
@@ -35,8 +70,13 @@ def integer_codes(config: TensorQuantizationConfig, value, on_grid: bool = False
     float32 values give float32 integers (exact: 8-bit codes), others float64.  value / S is within
     a few float32 ulps of q - z, so the nearest integer is exact.  Per-tensor scales run block by
     block (in cache), stopping at the first block off the grid.  ``on_grid``: the executor knows the
-    value lies on this grid (it quantized it so), and the check is skipped.
+    value lies on this grid (it quantized it so), and the check is skipped; then ``Codes`` give their
+    codes as they are (read only).
     """
+    if isinstance(value, Codes):
+        if on_grid and value.codes() is not None:
+            return value.codes()
+        value = value.values()
     value = np.asarray(value)
     dtype = F32 if value.dtype == F32 else np.float64
     scale = along_channel_axis(np.asarray(config.scale, dtype), value.ndim, value.shape, config.channel_axis)

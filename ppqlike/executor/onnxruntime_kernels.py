@@ -33,8 +33,11 @@ left to the activation and that config, so the op's own output still holds
 its pre-activation values (what hooks and the error analysis read).  An op whose inputs are
 not all quantized (the graph running dequantized, or during calibration)
 runs its ordinary float kernel, and so does an op whose input values are
-not on their configs' grids (their producer ran in float).  Reads the
-configs; writes nothing.
+not on their configs' grids (their producer ran in float).  Without hooks,
+an integer kernel's result goes to the next one as its codes q - z
+(``integer_codes.Codes``: no multiplication by S_y, no recovery of the
+codes from the values); the executor turns them into values for any other
+reader.  Reads the configs; writes nothing.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from ..core.numerics import along_channel_axis
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..core.quant_graph import awaits_master, overlapped_root
 from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
-from .integer_codes import (BLOCK, channel_chunks, code_bound, dequantize_codes, integer_codes,
+from .integer_codes import (BLOCK, Codes, channel_chunks, code_bound, dequantize_codes, integer_codes,
                             largest_magnitude, per_tensor, zero_point)
 from .simulation import grid_key
 
@@ -120,13 +123,15 @@ def _wrap_int32(accumulator: np.ndarray) -> np.ndarray:
 
 
 def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationConfig,
-                clamp: bool | tuple = True, axis: int | None = None, bias: np.ndarray | None = None) -> np.ndarray:
+                clamp: bool | tuple = True, axis: int | None = None, bias: np.ndarray | None = None,
+                as_codes: bool = False):
     """MLAS's requantization of an exact accumulator, then dequantized with ``output``.
 
     q = clamp(rint(float32(acc) * M)) with M per channel along ``axis`` (a 1-D array) or one
     value; ``clamp=False`` (the op's activation is fused after it) leaves the range to the
     activation op and the quantization after it, so the op's own output keeps its pre-activation
-    values; a (low, high) pair of codes q - z clamps to those instead of the output's range.  ``bias`` (float64 integers per channel along ``axis``): added to the float32
+    values; a (low, high) pair of codes q - z clamps to those instead of the output's range.
+    ``as_codes``: the result may be ``Codes`` (skipping the last multiplication by S_y).  ``bias`` (float64 integers per channel along ``axis``): added to the float32
     ``accumulator`` exactly, in float64, before float32(acc).  Works in place on a float32
     ``accumulator``, a cache-sized block at a time.
     """
@@ -159,8 +164,9 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
         np.rint(block, out=block)
         if clamp is not False:
             np.clip(block, low, high, out=block)
-        np.multiply(block, scale, out=block)   # S * (q - z): output.dequantize's float32 arithmetic
-    return q
+        if not as_codes:
+            np.multiply(block, scale, out=block)   # S * (q - z): output.dequantize's float32 arithmetic
+    return Codes(q, output) if as_codes else q
 
 
 def _channel_multiplier(scale_in, scale_weight, scale_out) -> np.ndarray:
@@ -180,7 +186,7 @@ def _fused(operation: Operation) -> bool:
     return own.state is QuantizationStates.OVERLAPPED
 
 
-def _linear(operation, kernel, arguments, configs, output, on_grid, clamp):
+def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_codes):
     data, weight = configs[0], configs[1]
     if data is None or weight is None or not per_tensor(data):
         return None
@@ -220,7 +226,8 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp):
     if np.size(weight.scale) not in (1, accumulator.shape[axis]):
         return None
     multiplier = _channel_multiplier(data.scale, weight.scale, output.scale)
-    return [_requantize(accumulator, multiplier, output, clamp=clamp or not _fused(operation), axis=axis, bias=bias)]
+    return [_requantize(accumulator, multiplier, output, clamp=clamp or not _fused(operation), axis=axis, bias=bias,
+                        as_codes=as_codes)]
 
 
 def _fma(a, b, c) -> np.ndarray:
@@ -258,7 +265,7 @@ def qlinear_mul(qa, qb, scale_a, zero_a, scale_b, zero_b, scale_y, zero_y, quant
 def _binary(arithmetic: Callable, scalars: bool):
     """The kernel of a binary elementwise op on two per-tensor quantized operands (``scalars``: whether a
     one-element operand takes the same arithmetic inside onnxruntime)."""
-    def run(operation, kernel, arguments, configs, output, on_grid, clamp):
+    def run(operation, kernel, arguments, configs, output, on_grid, clamp, as_codes):
         if len(configs) < 2 or configs[0] is None or configs[1] is None:
             return None
         if not (per_tensor(configs[0]) and per_tensor(configs[1])):
@@ -277,14 +284,16 @@ def _binary(arithmetic: Callable, scalars: bool):
             q = arithmetic(a + zeros[0], b + zeros[1], configs[0].scale, zeros[0], configs[1].scale, zeros[1],
                            output.scale, zero_point(output), low, high)
             q -= zero_point(output)
-            return dequantize_codes(output, q)
+            return q if codes else dequantize_codes(output, q)
+        codes = as_codes and np.asarray(output.scale).dtype == _F32 and per_tensor(output)
+        finish = (lambda q: Codes(q, output)) if codes else (lambda values: values)
         if not same_layout(a, b) or a.size <= BLOCK or memory_axes(a) is None:
-            return [compute(a, b)]
+            return [finish(compute(a, b))]
         out = empty_like_dense(a, _F32)   # elementwise: block by block, the float64 temporaries in cache
         flat_a, flat_b, flat_out = flat_view(a), flat_view(b), flat_view(out)
         for start in range(0, flat_a.size, BLOCK):
             flat_out[start:start + BLOCK] = compute(flat_a[start:start + BLOCK], flat_b[start:start + BLOCK])
-        return [out]
+        return [finish(out)]
     return run
 
 
@@ -292,7 +301,7 @@ _add = _binary(qlinear_add, scalars=False)  # a scalar operand takes another pat
 _mul = _binary(qlinear_mul, scalars=True)   # QLinearMul's scalar path computes the same
 
 
-def _global_average_pool(operation, kernel, arguments, configs, output, on_grid, clamp):
+def _global_average_pool(operation, kernel, arguments, configs, output, on_grid, clamp, as_codes):
     data = configs[0]
     if data is None or not per_tensor(data):
         return None
@@ -302,7 +311,7 @@ def _global_average_pool(operation, kernel, arguments, configs, output, on_grid,
     positions = int(np.prod(integers.shape[2:]))
     accumulator = integers.sum(axis=tuple(range(2, integers.ndim)), keepdims=True, dtype=np.float64)
     multiplier = _F32(_F32(data.scale) / _F32(_F32(output.scale) * _F32(positions)))
-    return [_requantize(accumulator, multiplier, output, clamp=clamp or True)]
+    return [_requantize(accumulator, multiplier, output, clamp=clamp or True, as_codes=as_codes)]
 
 
 _KERNELS: dict[str, Callable] = {"Conv": _linear, "MatMul": _linear, "Gemm": _linear, "Add": _add,
@@ -310,7 +319,8 @@ _KERNELS: dict[str, Callable] = {"Conv": _linear, "MatMul": _linear, "Gemm": _li
 
 
 def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequence,
-                       argument_grids: Sequence = (), clamp_to: np.ndarray | None = None) -> list | None:
+                       argument_grids: Sequence = (), clamp_to: np.ndarray | None = None,
+                       as_codes: bool = False) -> list | None:
     """The op's outputs as onnxruntime's integer kernel computes them, or None where it does not apply.
 
     ``arguments`` are the op's inputs after its input configs (already
@@ -319,7 +329,8 @@ def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequen
     The result is dequantized float32, already on the output grid of the
     quantizing config.  ``clamp_to``: [low, high] on that grid, the edges of
     a Relu/Clip fused after the op (``fusion.grid_edges``), to which the
-    result is clamped in place of the config's range.
+    result is clamped in place of the config's range.  ``as_codes``: a result may
+    come as ``integer_codes.Codes`` (the next integer kernel reads them as they are).
     """
     config = operation.config
     output = _root(config.output_quantization_config[0])
@@ -335,4 +346,4 @@ def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequen
     if clamp_to is not None:   # edges S * (q - z) on the grid: their codes, exactly
         codes = np.rint(np.asarray(clamp_to, _F32) / np.asarray(output.scale, _F32).reshape(()))
         clamp = (float(codes[0]), float(codes[1]))
-    return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output, on_grid, clamp)
+    return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output, on_grid, clamp, as_codes)

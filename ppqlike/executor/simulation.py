@@ -30,7 +30,7 @@ from ..core.layout import channel_view, dense, empty_like_dense, memory_axes
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 from ..core.rounding import RoundingPolicy, round_inplace
-from .integer_codes import channel_chunks
+from .integer_codes import channel_chunks, values_of
 
 #: policies under which fake-quantizing a value already on the grid gives it back unchanged
 #: (x / S lies within a few ulps of an integer, and these round that to the integer)
@@ -225,7 +225,7 @@ def quantize_outputs(operation: Operation, results: list, names: tuple = (), gri
         key = grid_key(tqc)
         if not (on_output_grid and key is not None and tqc.requantization is None):
             in_place = index < len(fresh) and fresh[index]
-            quantized[index] = apply_output_config(tqc, value, in_place)
+            quantized[index] = apply_output_config(tqc, values_of(value), in_place)
         if grids is not None and index < len(names):
             if key is None:
                 grids.pop(names[index], None)
