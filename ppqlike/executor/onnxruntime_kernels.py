@@ -60,6 +60,8 @@ RUNTIME_KERNEL = RUNTIME_KERNEL_ONNXRUNTIME
 LINEAR_TYPES = frozenset({"Conv", "MatMul", "Gemm"})
 SUPPORTED_TYPES = LINEAR_TYPES | {"Add", "Mul", "GlobalAveragePool"}
 _F32 = np.float32
+_REQUANTIZE_BLOCK = 1 << 17   # elements per block of a requantization: its 3-4 passes stay in L2 (measured
+                              # on a 16 x 112 x 112 x 96 result: 17.2 ms at 2^15, 12.7 ms at 2^17)
 
 
 def wants_runtime_kernel(operation: Operation) -> bool:
@@ -156,7 +158,7 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
         multiplier = np.full(q.shape[axis], multiplier[0], _F32)
     blocks = channel_view(q, axis if multiplier.size > 1 else None)   # q in memory order, channels middle
     factors = multiplier.reshape(1, -1, 1)
-    for rows, channels in channel_chunks(blocks.shape):
+    for rows, channels in channel_chunks(blocks.shape, _REQUANTIZE_BLOCK):
         block, factor = blocks[rows, channels], factors[:, channels]
         if bias is not None:   # float32(acc + bias), the sum exact in float64
             np.add(block, bias[channels].reshape(factor.shape), out=block, dtype=np.float64, casting="same_kind")
