@@ -230,10 +230,10 @@ def test_zero_pad_folded_into_the_conv(pads, group, k, stride):
 
 def test_expansion_pad_and_depthwise_as_one_kernel(monkeypatch):
     """1x1 -> Relu -> zero Pad -> "valid" depthwise: one kernel, as EfficientNet-Lite0's blocks run."""
-    from ppqlike.executor import executor as executor_module
+    from ppqlike.executor import chains as chains_module
     ran = []
-    original = executor_module.expand_then_depthwise
-    monkeypatch.setattr(executor_module, "expand_then_depthwise",
+    original = chains_module.expand_then_depthwise
+    monkeypatch.setattr(chains_module, "expand_then_depthwise",
                         lambda *arguments: ran.append(original(*arguments)) or ran[-1])
     model = _pad_conv_model([1, 1, 2, 2], k=5, expand=True)
     x = _channels_last(_data(2, 6, 12, 12, seed=13))

@@ -262,3 +262,64 @@ def test_codes_handed_between_integer_kernels_are_the_values(tmp_path):
     np.testing.assert_array_equal(values, config.dequantize(codes.astype(np.int64) + int(config.offset)))
     assert held.codes() is None and held.values() is values                # once, in place
     np.testing.assert_array_equal(integer_codes(config, held), codes)      # recovered from the values
+
+
+def _expansion_model(seed: int) -> onnx.ModelProto:
+    """MobileNetV2-like: stem Conv, depthwise, projection 1x1 (its result channels-last), then an
+    expansion 1x1 -> Clip -> depthwise (stride 2) -> Clip -> projection, GlobalAveragePool."""
+    rng = np.random.default_rng(seed)
+
+    def weight(name, *shape, scale=0.3):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="stem"),
+        helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"], name="clip1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=8, name="dw1"),
+        helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"], name="clip2"),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], name="project1"),
+        helper.make_node("Conv", ["c3", "w4", "b4"], ["c4"], name="expand"),
+        helper.make_node("Clip", ["c4", "lo", "hi"], ["r4"], name="clip4"),
+        helper.make_node("Conv", ["r4", "w5", "b5"], ["c5"], pads=[1, 1, 1, 1], strides=[2, 2], group=24,
+                         name="dw2"),
+        helper.make_node("Clip", ["c5", "lo", "hi"], ["r5"], name="clip5"),
+        helper.make_node("Conv", ["r5", "w6", "b6"], ["c6"], name="project2"),
+        helper.make_node("GlobalAveragePool", ["c6"], ["y"], name="gap"),
+    ]
+    initializers = [weight("w1", 8, 3, 3, 3), weight("b1", 8, scale=0.1), weight("w2", 8, 1, 3, 3),
+                    weight("b2", 8, scale=0.1), weight("w3", 6, 8, 1, 1), weight("b3", 6, scale=0.1),
+                    weight("w4", 24, 6, 1, 1), weight("b4", 24, scale=0.1), weight("w5", 24, 1, 3, 3),
+                    weight("b5", 24, scale=0.1), weight("w6", 8, 24, 1, 1), weight("b6", 8, scale=0.1),
+                    numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                    numpy_helper.from_array(np.array(6, np.float32), "hi")]
+    graph = helper.make_graph(nodes, "expansion",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 1, 1])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_integer_expansion_chain_runs_bit_for_bit(seed, tmp_path_factory):
+    """The quantized expansion -> Clip -> depthwise -> Clip runs as one kernel on codes
+    (``onnxruntime_chains``), and equals onnxruntime and the ops run one by one (a hook) bit for bit."""
+    from ppqlike.executor import OperationHook
+    from ppqlike.executor import chains as chains_module
+    tmp_path = tmp_path_factory.mktemp("chain")
+    rng = np.random.default_rng(seed)
+    onnx.save(_expansion_model(seed), tmp_path / "m.onnx")
+    calibration = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) * 2 for _ in range(2)]
+    graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
+    model = onnx.load(api.export_ppq_graph(graph, "ORT_INT8", tmp_path / "q.onnx")[0])
+    ran = []
+    original = chains_module.expand_then_depthwise_codes
+    chains_module.expand_then_depthwise_codes = lambda *arguments: ran.append(original(*arguments)) or ran[-1]
+    x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32) * 2
+    executor = NumpyExecutor(graph)
+    try:
+        chained = executor.forward(x)[0]
+    finally:
+        chains_module.expand_then_depthwise_codes = original
+    assert len(ran) == 1 and ran[0] is not None
+    np.testing.assert_array_equal(chained, run_qdq_model(model, {"x": x})[0])
+    np.testing.assert_array_equal(chained, executor.forward(x, hooks=[OperationHook()])[0])

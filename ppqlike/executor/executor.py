@@ -10,8 +10,10 @@ the inputs and outputs whose configs are in an applied state are
 fake-quantized around the kernel (see ``ppqlike.executor.simulation``); ops
 marked for the deployment runtime's integer kernels are computed as those
 kernels compute them (``ppqlike.executor.onnxruntime_kernels``).  Without hooks,
-a Relu/Clip runs inside or in place on its producer's result and a zero Pad
-is done by the Convs reading it (``ppqlike.executor.fusion``).
+a Relu/Clip runs inside or in place on its producer's result, a zero Pad
+is done by the Convs reading it (``ppqlike.executor.fusion``), and a
+MobileNet expansion runs with the depthwise Conv reading it as one kernel,
+in float or on integer codes (``ppqlike.executor.chains``).
 """
 
 from __future__ import annotations
@@ -23,16 +25,14 @@ import numpy as np
 
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
-from ..core.quant_graph import overlapped_root
 from .fusion import (activate_in_place, activation_bounds, activation_partners, clip_epilogue, configs_let_fuse,
                      expand_chains, fusable, grid_edges, pad_folds)
+from .chains import output_grid, run_float_chain, run_integer_chain
 from .integer_codes import Codes, values_of
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .ops import Kernel, build_kernel
-from .ops._conv_channels_last import expand_then_depthwise
-from .ops.conv import conv2d_geometry
 from .ops.tensor import zero_spatial_pads
-from .simulation import (argument_grids, fresh_results, grid_key, keeps_grid, passes_through, quantize_inputs,
+from .simulation import (argument_grids, fresh_results, keeps_grid, passes_through, quantize_inputs,
                          quantize_outputs)
 
 
@@ -245,7 +245,8 @@ class NumpyExecutor:
                     for name in step.release:
                         values.pop(name, None)
                     continue
-            if index in plan.chains and not hooks and self._run_chain(plan, index, arguments, values, fused_into):
+            if index in plan.chains and not hooks \
+                    and self._run_chain(plan, index, arguments, values, grids, fused_into):
                 for name in step.release:
                     values.pop(name, None)
                 continue
@@ -264,7 +265,7 @@ class NumpyExecutor:
                 bounds = activation_bounds(activation.operation, self._bound_inputs(activation, values),
                                            self.graph.opset)
                 if runtime:
-                    edges = grid_edges(activation.operation, bounds, _output_grid(operation))
+                    edges = grid_edges(activation.operation, bounds, output_grid(operation))
                 elif getattr(step.kernel, "takes_epilogue", False):
                     clip = clip_epilogue(bounds)
             try:
@@ -282,7 +283,7 @@ class NumpyExecutor:
             if clip is not None or on_edges or (partner is not None
                                                 and fusable(operation, plan.steps[partner].operation, results[0])):
                 activation = plan.steps[partner]
-                lies_on = _output_grid(operation) if on_output_grid else None   # where the integer kernel put it
+                lies_on = output_grid(operation) if on_output_grid else None   # where the integer kernel put it
                 bounds = None if clip is not None else activation_bounds(
                     activation.operation, self._bound_inputs(activation, values), self.graph.opset)
                 results = activate_in_place(activation.operation, activation.outputs, results[0], bounds, grids,
@@ -315,35 +316,27 @@ class NumpyExecutor:
 
     __call__ = forward
 
-    def _run_chain(self, plan: _Plan, index: int, arguments: list, values: dict, fused_into: dict) -> bool:
+    def _run_chain(self, plan: _Plan, index: int, arguments: list, values: dict, grids: dict,
+                   fused_into: dict) -> bool:
         """Run the 1x1 Conv of step ``index`` and the depthwise Conv of its chain (``fusion.expand_chains``)
-        as one kernel, their Relu/Clips inside; False (nothing done) when the kernel does not apply."""
-        first_activation, pad, second, second_activation = plan.chains[index]
-        step = plan.steps[second]
+        as one kernel, their Relu/Clips inside (``chains``); False (nothing done) when it does not apply."""
+        chain = plan.chains[index]
+        first_activation, pad, second, second_activation = chain
         if any(name is not None and name not in values and self.graph.variables[name].value is None
-               for name in step.inputs[1:] + (plan.steps[pad].inputs[1:] if pad is not None else ())):
+               for name in plan.steps[second].inputs[1:] + (plan.steps[pad].inputs[1:] if pad is not None else ())):
             return False   # an input not computed yet
-        filters = [self._argument(name, values) for name in step.inputs[1:]]
-        x, weight = arguments[0], arguments[1]
-        (top, left, bottom, right), strides, dilations = conv2d_geometry(
-            step.operation, (x.shape[0], weight.shape[0]) + x.shape[2:], filters[0].shape)
-        if pad is not None:   # a zero Pad between, folded into the depthwise conv's pads
-            extra = zero_spatial_pads([np.broadcast_to(np.float32(0), (1, 1, 1, 1))]
-                                      + [self._argument(name, values) for name in plan.steps[pad].inputs[1:]])
-            if extra is None:
-                return False
-            top, left, bottom, right = top + extra[0], left + extra[1], bottom + extra[2], right + extra[3]
-        geometry = (top, left, bottom, right), strides, dilations
-        epilogues = [None if i is None else clip_epilogue(activation_bounds(
-            plan.steps[i].operation, self._bound_inputs(plan.steps[i], values), self.graph.opset))
-            for i in (first_activation, second_activation)]
-        out = expand_then_depthwise(x, (weight, arguments[2] if len(arguments) > 2 else None, epilogues[0]),
-                                    (filters[0], filters[1] if len(filters) > 1 else None, epilogues[1]),
-                                    *geometry)
+        argument = lambda name: self._argument(name, values)   # noqa: E731
+        if plan.steps[index].operation.config is None:
+            out, key = run_float_chain(chain, plan.steps, arguments, argument, self.graph.opset), None
+        else:
+            out, key = run_integer_chain(chain, plan.steps, index, arguments, argument, grids,
+                                         self.graph.opset) or (None, None)
         if out is None:
             return False
-        last = second if second_activation is None else second_activation
-        values[plan.steps[last].outputs[0]] = out
+        last = plan.steps[second if second_activation is None else second_activation].outputs[0]
+        values[last] = out
+        if key is not None:
+            grids[last] = key
         for skipped in (first_activation, pad, second, second_activation):
             if skipped is not None:
                 fused_into[skipped] = True
@@ -405,9 +398,3 @@ class NumpyExecutor:
             return quantize_outputs(operation, results, on_output_grid=on_output_grid)
         return list(kernel(list(inputs)))
 
-
-def _output_grid(operation: Operation) -> tuple | None:
-    """The grid key of the config that quantizes ``operation``'s result (through an OVERLAPPED chain)."""
-    if operation.config is None or not operation.config.output_quantization_config:
-        return None
-    return grid_key(overlapped_root(operation.config.output_quantization_config[0]))

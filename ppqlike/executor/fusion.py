@@ -15,6 +15,7 @@ import numpy as np
 
 from ..core.ir import Operation
 from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
+from .onnxruntime_kernels import wants_runtime_kernel
 from .simulation import keeps_grid, passes_through, quantize_inputs, quantize_outputs
 
 
@@ -34,49 +35,53 @@ def activation_partners(order: list, keep: set) -> dict:
 
 
 def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = frozenset()) -> dict:
-    """Step index of an unquantized 1x1 Conv -> (its Relu/Clip's index or None, the index of a Pad of
-    ``folds`` between or None, the index of the depthwise Conv that alone reads its result, that Conv's
+    """Step index of a 1x1 Conv -> (its Relu/Clip's index or None, the index of a Pad of ``folds``
+    between or None, the index of the depthwise Conv that alone reads its result, that Conv's
     Relu/Clip's index or None): MobileNet-style expansions, which the executor may run as one kernel
-    (``ops._conv_channels_last.expand_then_depthwise``) so that the expanded activation never goes to
-    memory whole."""
+    (``chains``) so that the expanded activation never goes to memory whole.  Either every op of a
+    chain is unquantized, or both Convs are marked for onnxruntime's integer kernels (an integer chain:
+    its activations quantized, no Pad)."""
     position = {op.name: i for i, op in enumerate(order)}
     chains = {}
     for index, first in enumerate(order):
-        weight = _conv_weight(first)
+        integer = wants_runtime_kernel(first)
+        weight = _conv_weight(first, integer)
         if weight is None or weight.shape[2:] != (1, 1) or int(first.attributes.get("group", 1)) != 1 \
                 or any(int(v) != 1 for v in first.attributes.get("strides", [1, 1])) \
                 or any(int(v) != 0 for v in first.attributes.get("pads", [0, 0, 0, 0])):
             continue
         activation = partners.get(index)
         middle = order[activation].outputs[0] if activation is not None else first.outputs[0]
-        if activation is not None and order[activation].config is not None:
+        if activation is not None and (order[activation].config is not None) != integer:
             continue
         readers = middle.consumers
         if middle.name in keep or first.outputs[0].name in keep or len(readers) != 1:
             continue
         pad = None
-        if readers[0].name in position and position[readers[0].name] in folds:   # EfficientNet's explicit Pad
+        if not integer and readers[0].name in position and position[readers[0].name] in folds:   # a Pad between
             pad = position[readers[0].name]
             middle = readers[0].outputs[0]
             readers = middle.consumers
             if len(readers) != 1:
                 continue
         second = readers[0]
-        filters = _conv_weight(second)
+        filters = _conv_weight(second, integer)
         if filters is None or second.inputs[0] is not middle or any(v is middle for v in second.inputs[1:]) \
                 or second.name not in position or filters.shape[:2] != (weight.shape[0], 1) \
                 or int(second.attributes.get("group", 1)) != weight.shape[0]:
             continue
         last = partners.get(position[second.name])
-        if last is not None and order[last].config is not None:
+        if last is not None and (order[last].config is not None) != integer:
             continue
         chains[index] = (activation, pad, position[second.name], last)
     return chains
 
 
-def _conv_weight(operation: Operation):
-    """The 4-D weight of an unquantized 2-D Conv with explicit pads and parameter weight and bias, or None."""
-    if operation.type != "Conv" or operation.config is not None or len(operation.outputs) != 1 \
+def _conv_weight(operation: Operation, integer: bool = False):
+    """The 4-D weight of a 2-D Conv with explicit pads and parameter weight and bias, unquantized (or
+    ``integer``: marked for onnxruntime's kernels), or None."""
+    if operation.type != "Conv" or wants_runtime_kernel(operation) != integer \
+            or (operation.config is not None and not integer) or len(operation.outputs) != 1 \
             or operation.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") \
             or len(operation.inputs) < 2 or operation.inputs[1] is None or not operation.inputs[1].is_parameter:
         return None

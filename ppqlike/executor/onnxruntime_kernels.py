@@ -73,7 +73,7 @@ def wants_runtime_kernel(operation: Operation) -> bool:
     return output is not None and output.runtime_kernel == RUNTIME_KERNEL
 
 
-def _root(config: TensorQuantizationConfig | None) -> TensorQuantizationConfig | None:
+def applied_root(config: TensorQuantizationConfig | None) -> TensorQuantizationConfig | None:
     """The applied config that quantizes the value seen through ``config`` (following OVERLAPPED), or None."""
     if config is None:
         return None
@@ -83,11 +83,11 @@ def _root(config: TensorQuantizationConfig | None) -> TensorQuantizationConfig |
     return config
 
 
-_EXACT_F32 = 2.0 ** 24    # integers up to here are exact in float32
+EXACT_F32 = 2.0 ** 24    # integers up to here are exact in float32
 _INT32 = 2.0 ** 31
 
 
-def _product_bound(operation: Operation, integers: list, largest_input: float) -> float:
+def product_bound(operation: Operation, integers: list, largest_input: float) -> float:
     """A bound on every partial sum of the op's products, whatever the summation order: ``largest_input``
     (max |x|) * max over output channels of sum |w| (inf for a Gemm with transA, not bounded here)."""
     if operation.type == "Gemm" and operation.attributes.get("transA", 0):
@@ -108,9 +108,9 @@ def _precision(operation: Operation, integers: list, products: float, total: flo
     "float64"."""
     if integers[0].dtype != _F32 or integers[1].dtype != _F32:
         return "float64"
-    if total < _EXACT_F32:
+    if total < EXACT_F32:
         return "float32"
-    if operation.type == "Conv" and len(integers) > 2 and products < _EXACT_F32:
+    if operation.type == "Conv" and len(integers) > 2 and products < EXACT_F32:
         return "bias apart"
     return "float64"
 
@@ -171,7 +171,7 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
     return Codes(q, output) if as_codes else q
 
 
-def _channel_multiplier(scale_in, scale_weight, scale_out) -> np.ndarray:
+def channel_multiplier(scale_in, scale_weight, scale_out) -> np.ndarray:
     """float32(float32(S_in * S_w) / S_out), one value per output channel (or one)."""
     product = (_F32(scale_in) * np.asarray(scale_weight, _F32)).astype(_F32)
     return (product / _F32(scale_out)).astype(_F32).reshape(-1)
@@ -183,7 +183,7 @@ def _output_axis(operation: Operation, rank: int) -> int:
     return rank - 1  # MatMul / Gemm: the output's last axis (Gemm's transB is the kernel's business)
 
 
-def _fused(operation: Operation) -> bool:
+def activation_fused(operation: Operation) -> bool:
     own = operation.config.output_quantization_config[0]
     return own.state is QuantizationStates.OVERLAPPED
 
@@ -204,7 +204,7 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
     if any(i is None for i in integers):
         return None
     largest_input = code_bound(data) if on_grid[0] else largest_magnitude(integers[0])
-    products = _product_bound(operation, integers, largest_input)
+    products = product_bound(operation, integers, largest_input)
     total = products + (largest_magnitude(integers[2]) if len(integers) > 2 else 0.0)
     precision = _precision(operation, integers, products, total)
     bias = None
@@ -227,8 +227,8 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
     axis = _output_axis(operation, accumulator.ndim)
     if np.size(weight.scale) not in (1, accumulator.shape[axis]):
         return None
-    multiplier = _channel_multiplier(data.scale, weight.scale, output.scale)
-    return [_requantize(accumulator, multiplier, output, clamp=clamp or not _fused(operation), axis=axis, bias=bias,
+    multiplier = channel_multiplier(data.scale, weight.scale, output.scale)
+    return [_requantize(accumulator, multiplier, output, clamp=clamp or not activation_fused(operation), axis=axis, bias=bias,
                         as_codes=as_codes)]
 
 
@@ -335,17 +335,24 @@ def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequen
     come as ``integer_codes.Codes`` (the next integer kernel reads them as they are).
     """
     config = operation.config
-    output = _root(config.output_quantization_config[0])
+    output = applied_root(config.output_quantization_config[0])
     if output is None or not per_tensor(output) or output.state is QuantizationStates.BAKED:
         return None
-    configs = [_root(c) for c in config.input_quantization_config]  # each kernel checks the ones it needs
+    configs = [applied_root(c) for c in config.input_quantization_config]  # each kernel checks the ones it needs
     if output.num_of_bits > 8 or any(c is not None and c.num_of_bits > 8 for c in configs[:2]):
         return None  # onnxruntime's integer kernels take 8-bit tensors; 16-bit QDQ groups run in float
     on_grid = [index < len(argument_grids) and config is not None and argument_grids[index] is not None
                and argument_grids[index] == grid_key(config) for index, config in enumerate(configs)]
     on_grid += [False] * (len(arguments) - len(on_grid))
-    clamp = None
-    if clamp_to is not None:   # edges S * (q - z) on the grid: their codes, exactly
-        codes = np.rint(np.asarray(clamp_to, _F32) / np.asarray(output.scale, _F32).reshape(()))
-        clamp = (float(codes[0]), float(codes[1]))
+    clamp = None if clamp_to is None else clamp_codes(output, clamp_to)
     return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output, on_grid, clamp, as_codes)
+
+
+def clamp_codes(output: TensorQuantizationConfig, edges: np.ndarray | None) -> tuple:
+    """(low, high) codes q - z a result on ``output``'s (per-tensor) grid is clamped to: the codes of a
+    fused activation's ``edges`` S * (q - z) (exact: the nearest integers of edges / S), or the range's."""
+    if edges is None:
+        zero = zero_point(output)
+        return float(output.quant_min - zero), float(output.quant_max - zero)
+    codes = np.rint(np.asarray(edges, _F32) / np.asarray(output.scale, _F32).reshape(()))
+    return float(codes[0]), float(codes[1])

@@ -1,0 +1,96 @@
+"""Expansion chains at run time: a 1x1 Conv, its Relu/Clip, a zero Pad and the depthwise Conv that
+alone reads it, with its Relu/Clip (``fusion.expand_chains``), run as one kernel.
+
+* float: ``ops._conv_channels_last.expand_then_depthwise`` on the values;
+* integer (both Convs marked for onnxruntime's kernels):
+  ``onnxruntime_chains.expand_then_depthwise_codes`` on the input's codes.
+
+Each runner returns the chain's result (and, for the integer one, the grid
+key it lies on), or None when the chain does not apply to these values; the
+executor then runs the ops one by one.  ``argument(name)`` gives the value of
+a step input.  Reads configs; writes nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fusion import activation_bounds, clip_epilogue, grid_edges
+from .integer_codes import integer_codes
+from .onnxruntime_chains import conv_codes, expand_then_depthwise_codes, input_on_grid
+from .onnxruntime_kernels import applied_root
+from .ops._conv_channels_last import expand_then_depthwise
+from .ops.conv import conv2d_geometry
+from .ops.tensor import zero_spatial_pads
+from .simulation import argument_grids, grid_key, quantize_inputs
+from ..core.quant_graph import overlapped_root
+
+
+def output_grid(operation) -> tuple | None:
+    """The grid key of the config that quantizes ``operation``'s result (through an OVERLAPPED chain)."""
+    if operation.config is None or not operation.config.output_quantization_config:
+        return None
+    return grid_key(overlapped_root(operation.config.output_quantization_config[0]))
+
+
+def _geometry(second_step, x_shape, channels, filters, pad_step, argument):
+    """The depthwise conv's (pads with a folded Pad's, strides, dilations), or None."""
+    (top, left, bottom, right), strides, dilations = conv2d_geometry(
+        second_step.operation, (x_shape[0], channels) + tuple(x_shape[2:]), filters.shape)
+    if pad_step is not None:   # a zero Pad between, folded into the depthwise conv's pads
+        extra = zero_spatial_pads([np.broadcast_to(np.float32(0), (1, 1, 1, 1))]
+                                  + [argument(name) for name in pad_step.inputs[1:]])
+        if extra is None:
+            return None
+        top, left, bottom, right = top + extra[0], left + extra[1], bottom + extra[2], right + extra[3]
+    return (top, left, bottom, right), strides, dilations
+
+
+def _bounds(steps, index, argument, opset):
+    if index is None:
+        return None
+    step = steps[index]
+    return activation_bounds(step.operation, [argument(name) for name in step.inputs[1:]], opset)
+
+
+def run_float_chain(chain: tuple, steps: list, arguments: list, argument, opset: int):
+    """The float chain's result (channels-last), or None."""
+    first_activation, pad, second, second_activation = chain
+    filters = [argument(name) for name in steps[second].inputs[1:]]
+    x, weight = arguments[0], arguments[1]
+    geometry = _geometry(steps[second], x.shape, weight.shape[0], filters[0],
+                         steps[pad] if pad is not None else None, argument)
+    if geometry is None:
+        return None
+    epilogues = [clip_epilogue(_bounds(steps, i, argument, opset)) if i is not None else None
+                 for i in (first_activation, second_activation)]
+    return expand_then_depthwise(x, (weight, arguments[2] if len(arguments) > 2 else None, epilogues[0]),
+                                 (filters[0], filters[1] if len(filters) > 1 else None, epilogues[1]), *geometry)
+
+
+def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int):
+    """(the integer chain's result as ``Codes``, the grid key it lies on), or None.
+
+    ``arguments``: the first Conv's inputs (``Codes`` kept), before its input configs."""
+    first_activation, pad, second, second_activation = chain
+    first, depthwise = steps[index], steps[second]
+    if pad is not None:
+        return None
+    arguments = quantize_inputs(first.operation, arguments, first.inputs, grids)
+    if not input_on_grid(first.operation, argument_grids(first.operation, first.inputs, grids)[0]):
+        return None
+    edges = [None if i is None else grid_edges(steps[i].operation, _bounds(steps, i, argument, opset),
+                                               output_grid(operation))
+             for i, operation in ((first_activation, first.operation), (second_activation, depthwise.operation))]
+    if (first_activation is not None and edges[0] is None) or (second_activation is not None and edges[1] is None) \
+            or not input_on_grid(depthwise.operation, output_grid(first.operation)):
+        return None
+    filters = quantize_inputs(depthwise.operation, [None] + [argument(name) for name in depthwise.inputs[1:]],
+                              depthwise.inputs, grids)
+    codes = conv_codes(first.operation, arguments, edges[0]), conv_codes(depthwise.operation, filters, edges[1])
+    if codes[0] is None or codes[1] is None:
+        return None
+    x = integer_codes(applied_root(first.operation.config.input_quantization_config[0]), arguments[0], on_grid=True)
+    geometry = _geometry(depthwise, x.shape, codes[0].weight.shape[0], codes[1].weight, None, argument)
+    out = expand_then_depthwise_codes(x, codes[0], codes[1], *geometry)
+    return None if out is None else (out, output_grid(depthwise.operation))
