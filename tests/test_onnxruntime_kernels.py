@@ -323,3 +323,32 @@ def test_integer_expansion_chain_runs_bit_for_bit(seed, tmp_path_factory):
     assert len(ran) == 1 and ran[0] is not None
     np.testing.assert_array_equal(chained, run_qdq_model(model, {"x": x})[0])
     np.testing.assert_array_equal(chained, executor.forward(x, hooks=[OperationHook()])[0])
+
+
+@pytest.mark.parametrize("platform, runtime_kernels", [("TRT_INT8", True), ("ORT_INT8", False)])
+def test_fake_quantized_expansion_chain_runs_as_one_kernel(platform, runtime_kernels, tmp_path):
+    """Where the convs run float kernels (TensorRT-style fake quantization, or onnxruntime's QDQ
+    semantics), the chain runs ``expand_then_depthwise`` with each block clipped and fake-quantized in
+    cache; equal to the ops run one by one bit for bit, and close to onnxruntime running the QDQ
+    export unoptimized."""
+    from ppqlike.executor import OperationHook
+    from ppqlike.executor import chains as chains_module
+    rng = np.random.default_rng(3)
+    onnx.save(_expansion_model(3), tmp_path / "m.onnx")
+    calibration = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) * 2 for _ in range(2)]
+    graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform=platform)
+    model = onnx.load(api.export_ppq_graph(graph, platform, tmp_path / "q.onnx")[0])
+    ran = []
+    original = chains_module.expand_then_depthwise
+    chains_module.expand_then_depthwise = lambda *arguments: ran.append(original(*arguments)) or ran[-1]
+    x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32) * 2
+    executor = NumpyExecutor(graph, runtime_kernels=runtime_kernels)
+    try:
+        chained = executor.forward(x)[0]
+    finally:
+        chains_module.expand_then_depthwise = original
+    assert len(ran) == 1 and ran[0] is not None
+    np.testing.assert_array_equal(chained, executor.forward(x, hooks=[OperationHook()])[0])
+    step = float(graph.operations["gap"].config.output_quantization_config[0].scale)
+    deployed = run_qdq_model(model, {"x": x}, optimization="disable")[0]
+    assert np.max(np.abs(chained - deployed)) <= 4 * step

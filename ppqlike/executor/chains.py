@@ -1,7 +1,9 @@
 """Expansion chains at run time: a 1x1 Conv, its Relu/Clip, a zero Pad and the depthwise Conv that
 alone reads it, with its Relu/Clip (``fusion.expand_chains``), run as one kernel.
 
-* float: ``ops._conv_channels_last.expand_then_depthwise`` on the values;
+* float: ``ops._conv_channels_last.expand_then_depthwise`` on the values,
+  each block clipped by its Relu/Clip and fake-quantized by the config after
+  it while it is in cache (the simulation of TensorRT-style platforms);
 * integer (both Convs marked for onnxruntime's kernels):
   ``onnxruntime_chains.expand_then_depthwise_codes`` on the input's codes.
 
@@ -15,14 +17,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fusion import activation_bounds, clip_epilogue, grid_edges
+from .fusion import activation_bounds, clip_epilogue, configs_let_fuse, grid_edges
 from .integer_codes import integer_codes
 from .onnxruntime_chains import conv_codes, expand_then_depthwise_codes, input_on_grid
 from .onnxruntime_kernels import applied_root
 from .ops._conv_channels_last import expand_then_depthwise
 from .ops.conv import conv2d_geometry
 from .ops.tensor import zero_spatial_pads
-from .simulation import argument_grids, grid_key, quantize_inputs
+from .simulation import argument_grids, grid_key, keeps_grid, passes_through, quantize_inputs
+from ..core.quant import is_applied
 from ..core.quant_graph import overlapped_root
 
 
@@ -53,19 +56,55 @@ def _bounds(steps, index, argument, opset):
     return activation_bounds(step.operation, [argument(name) for name in step.inputs[1:]], opset)
 
 
-def run_float_chain(chain: tuple, steps: list, arguments: list, argument, opset: int):
-    """The float chain's result (channels-last), or None."""
+def _float_stage(steps: list, conv: int, activation: int | None, argument, opset: int):
+    """(in-place work on each block of a float Conv's result, the grid key the block ends on) for one
+    Conv of a float chain and its Relu/Clip: the clip, then the output quantization that follows
+    (per tensor, no requantization); None when the configs ask for more."""
+    operation = steps[conv].operation
+    clip = None
+    if activation is not None:
+        if not configs_let_fuse(operation, steps[activation].operation):
+            return None
+        clip = clip_epilogue(_bounds(steps, activation, argument, opset))
+        operation = steps[activation].operation
+    config = operation.config.output_quantization_config[0] \
+        if operation.config is not None and operation.config.output_quantization_config else None
+    if passes_through(config):
+        return clip, None
+    if not is_applied(config.state) or config.requantization is not None or np.size(config.scale) != 1:
+        return None
+
+    def quantize(block: np.ndarray) -> None:
+        if clip is not None:
+            clip(block)
+        config.fake_quantize(block, out=block)
+    return quantize, grid_key(config)
+
+
+def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int):
+    """(the float chain's result, channels-last, the grid key it lies on or None), or None.
+
+    ``arguments``: the first Conv's inputs, before its input configs."""
     first_activation, pad, second, second_activation = chain
-    filters = [argument(name) for name in steps[second].inputs[1:]]
+    first, depthwise = steps[index], steps[second]
+    stages = [_float_stage(steps, index, first_activation, argument, opset),
+              _float_stage(steps, second, second_activation, argument, opset)]
+    if stages[0] is None or stages[1] is None:
+        return None
+    data = depthwise.operation.config.input_quantization_config[0] if depthwise.operation.config else None
+    if not (passes_through(data) or keeps_grid(data, stages[0][1])):
+        return None   # the depthwise conv's input config would change the expanded values
+    arguments = quantize_inputs(first.operation, arguments, first.inputs, grids)
+    filters = quantize_inputs(depthwise.operation, [None] + [argument(name) for name in depthwise.inputs[1:]],
+                              depthwise.inputs, grids)[1:]
     x, weight = arguments[0], arguments[1]
-    geometry = _geometry(steps[second], x.shape, weight.shape[0], filters[0],
+    geometry = _geometry(depthwise, x.shape, weight.shape[0], filters[0],
                          steps[pad] if pad is not None else None, argument)
     if geometry is None:
         return None
-    epilogues = [clip_epilogue(_bounds(steps, i, argument, opset)) if i is not None else None
-                 for i in (first_activation, second_activation)]
-    return expand_then_depthwise(x, (weight, arguments[2] if len(arguments) > 2 else None, epilogues[0]),
-                                 (filters[0], filters[1] if len(filters) > 1 else None, epilogues[1]), *geometry)
+    out = expand_then_depthwise(x, (weight, arguments[2] if len(arguments) > 2 else None, stages[0][0]),
+                                (filters[0], filters[1] if len(filters) > 1 else None, stages[1][0]), *geometry)
+    return None if out is None else (out, stages[1][1])
 
 
 def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int):

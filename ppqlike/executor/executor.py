@@ -326,13 +326,12 @@ class NumpyExecutor:
                for name in plan.steps[second].inputs[1:] + (plan.steps[pad].inputs[1:] if pad is not None else ())):
             return False   # an input not computed yet
         argument = lambda name: self._argument(name, values)   # noqa: E731
-        if plan.steps[index].operation.config is None:
-            out, key = run_float_chain(chain, plan.steps, arguments, argument, self.graph.opset), None
-        else:
-            out, key = run_integer_chain(chain, plan.steps, index, arguments, argument, grids,
-                                         self.graph.opset) or (None, None)
-        if out is None:
+        runner = run_integer_chain if self.runtime_kernels and wants_runtime_kernel(plan.steps[index].operation) \
+            else run_float_chain
+        result = runner(chain, plan.steps, index, arguments, argument, grids, self.graph.opset)
+        if result is None:
             return False
+        out, key = result
         last = plan.steps[second if second_activation is None else second_activation].outputs[0]
         values[last] = out
         if key is not None:

@@ -38,9 +38,9 @@ def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = fro
     """Step index of a 1x1 Conv -> (its Relu/Clip's index or None, the index of a Pad of ``folds``
     between or None, the index of the depthwise Conv that alone reads its result, that Conv's
     Relu/Clip's index or None): MobileNet-style expansions, which the executor may run as one kernel
-    (``chains``) so that the expanded activation never goes to memory whole.  Either every op of a
-    chain is unquantized, or both Convs are marked for onnxruntime's integer kernels (an integer chain:
-    its activations quantized, no Pad)."""
+    (``chains``) so that the expanded activation never goes to memory whole.  Both Convs are marked
+    for onnxruntime's integer kernels or neither is; whether the configs let a chain run as one kernel
+    is decided when it runs."""
     position = {op.name: i for i, op in enumerate(order)}
     chains = {}
     for index, first in enumerate(order):
@@ -52,13 +52,11 @@ def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = fro
             continue
         activation = partners.get(index)
         middle = order[activation].outputs[0] if activation is not None else first.outputs[0]
-        if activation is not None and (order[activation].config is not None) != integer:
-            continue
         readers = middle.consumers
         if middle.name in keep or first.outputs[0].name in keep or len(readers) != 1:
             continue
         pad = None
-        if not integer and readers[0].name in position and position[readers[0].name] in folds:   # a Pad between
+        if readers[0].name in position and position[readers[0].name] in folds:   # EfficientNet's explicit Pad
             pad = position[readers[0].name]
             middle = readers[0].outputs[0]
             readers = middle.consumers
@@ -71,17 +69,14 @@ def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = fro
                 or int(second.attributes.get("group", 1)) != weight.shape[0]:
             continue
         last = partners.get(position[second.name])
-        if last is not None and (order[last].config is not None) != integer:
-            continue
         chains[index] = (activation, pad, position[second.name], last)
     return chains
 
 
 def _conv_weight(operation: Operation, integer: bool = False):
-    """The 4-D weight of a 2-D Conv with explicit pads and parameter weight and bias, unquantized (or
-    ``integer``: marked for onnxruntime's kernels), or None."""
-    if operation.type != "Conv" or wants_runtime_kernel(operation) != integer \
-            or (operation.config is not None and not integer) or len(operation.outputs) != 1 \
+    """The 4-D weight of a 2-D Conv with explicit pads and parameter weight and bias, marked for
+    onnxruntime's integer kernels or not as ``integer`` says, or None."""
+    if operation.type != "Conv" or wants_runtime_kernel(operation) != integer or len(operation.outputs) != 1 \
             or operation.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") \
             or len(operation.inputs) < 2 or operation.inputs[1] is None or not operation.inputs[1].is_parameter:
         return None
