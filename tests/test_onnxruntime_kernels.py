@@ -219,7 +219,7 @@ def test_mul_of_a_layer_scale_runs_bit_for_bit(tmp_path):
 @pytest.mark.parametrize("large_bias, wraps", [(40.0, True), (3e-3, False)])
 def test_saturated_bias_is_added_apart_bit_for_bit(large_bias, wraps, tmp_path, monkeypatch):
     """A channel of tiny weights under a large bias (EfficientNet has such channels): the int32 bias code
-    saturates, so the products run in float32 and the bias is added exactly in float64; where the int32
+    saturates, so the products run in float32 and the bias is added apart; where the int32
     sum overflows, onnxruntime's accumulator wraps around, and so does the simulation's."""
     rng = np.random.default_rng(6)
     weight = (rng.standard_normal((8, 16, 3, 3)) * 0.2).astype(np.float32)
@@ -228,7 +228,7 @@ def test_saturated_bias_is_added_apart_bit_for_bit(large_bias, wraps, tmp_path, 
     bias[3] = large_bias   # its int32 code: saturated (and the sum overflowing), or past 2^24 only
     calibration = [rng.standard_normal((4, 16, 24, 24)).astype(np.float32) for _ in range(2)]
     quantized, model = _single_conv(tmp_path, weight, bias, 24, calibration, pads=[1, 1, 1, 1])
-    chosen, wrapped = _recorded(monkeypatch, "_precision"), _recorded(monkeypatch, "_wrap_int32")
+    chosen, wrapped = _recorded(monkeypatch, "_precision"), _recorded(monkeypatch, "wrap_int32")
     x = rng.standard_normal((8, 16, 24, 24)).astype(np.float32)
     simulated = NumpyExecutor(quantized).forward(x)[0]
     assert bool(wrapped) == wraps
@@ -264,13 +264,23 @@ def test_codes_handed_between_integer_kernels_are_the_values(tmp_path):
     np.testing.assert_array_equal(integer_codes(config, held), codes)      # recovered from the values
 
 
-def _expansion_model(seed: int) -> onnx.ModelProto:
+def _expansion_model(seed: int, saturated: bool = False) -> onnx.ModelProto:
     """MobileNetV2-like: stem Conv, depthwise, projection 1x1 (its result channels-last), then an
-    expansion 1x1 -> Clip -> depthwise (stride 2) -> Clip -> projection, GlobalAveragePool."""
+    expansion 1x1 -> Clip -> depthwise (stride 2) -> Clip -> projection, GlobalAveragePool.
+    ``saturated``: a channel of the expansion and one of the depthwise conv have tiny weights under a
+    large bias (EfficientNet has such channels): int32 bias codes past 2^24 (the expansion's saturated,
+    its sums wrapping around)."""
     rng = np.random.default_rng(seed)
+    tiny = {"w4": 3, "w5": 5} if saturated else {}
+    large = {"b4": (3, -40.0), "b5": (5, 0.02)} if saturated else {}   # b5: past 2^24, no int32 overflow
 
     def weight(name, *shape, scale=0.3):
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+        value = (rng.standard_normal(shape) * scale).astype(np.float32)
+        if name in tiny:
+            value[tiny[name]] *= 1e-6
+        if name in large:
+            value[large[name][0]] = large[name][1]
+        return numpy_helper.from_array(value, name)
 
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="stem"),
@@ -298,19 +308,23 @@ def _expansion_model(seed: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-@settings(max_examples=4, deadline=None)
-@given(seed=st.integers(0, 10_000))
-def test_integer_expansion_chain_runs_bit_for_bit(seed, tmp_path_factory):
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), saturated=st.booleans())
+def test_integer_expansion_chain_runs_bit_for_bit(seed, saturated, tmp_path_factory):
     """The quantized expansion -> Clip -> depthwise -> Clip runs as one kernel on codes
     (``onnxruntime_chains``), and equals onnxruntime and the ops run one by one (a hook) bit for bit."""
     from ppqlike.executor import OperationHook
     from ppqlike.executor import chains as chains_module
     tmp_path = tmp_path_factory.mktemp("chain")
     rng = np.random.default_rng(seed)
-    onnx.save(_expansion_model(seed), tmp_path / "m.onnx")
+    onnx.save(_expansion_model(seed, saturated), tmp_path / "m.onnx")
     calibration = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) * 2 for _ in range(2)]
     graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
     model = onnx.load(api.export_ppq_graph(graph, "ORT_INT8", tmp_path / "q.onnx")[0])
+    if saturated:   # the chain's convs have "bias apart" accumulators, with channels that may wrap
+        step = graph.operations["expand"]
+        codes = _chain_codes(step, graph)
+        assert codes.bias_high is not None and codes.wide.size
     ran = []
     original = chains_module.expand_then_depthwise_codes
     chains_module.expand_then_depthwise_codes = lambda *arguments: ran.append(original(*arguments)) or ran[-1]
@@ -323,6 +337,13 @@ def test_integer_expansion_chain_runs_bit_for_bit(seed, tmp_path_factory):
     assert len(ran) == 1 and ran[0] is not None
     np.testing.assert_array_equal(chained, run_qdq_model(model, {"x": x})[0])
     np.testing.assert_array_equal(chained, executor.forward(x, hooks=[OperationHook()])[0])
+
+
+def _chain_codes(operation, graph):
+    from ppqlike.executor.onnxruntime_chains import conv_codes
+    from ppqlike.executor.simulation import quantize_inputs
+    arguments = quantize_inputs(operation, [None] + [v.value for v in operation.inputs[1:]])
+    return conv_codes(operation, arguments, np.array([0.0, 6.0], np.float32))
 
 
 @pytest.mark.parametrize("platform, runtime_kernels", [("TRT_INT8", True), ("ORT_INT8", False)])
@@ -352,3 +373,16 @@ def test_fake_quantized_expansion_chain_runs_as_one_kernel(platform, runtime_ker
     step = float(graph.operations["gap"].config.output_quantization_config[0].scale)
     deployed = run_qdq_model(model, {"x": x}, optimization="disable")[0]
     assert np.max(np.abs(chained - deployed)) <= 4 * step
+
+
+@settings(max_examples=300, deadline=None)
+@given(products=st.integers(-(2 ** 24) + 2 ** 8 + 1, 2 ** 24 - 2 ** 8 - 1), bias=st.integers(-(2 ** 31), 2 ** 31 - 1))
+def test_bias_added_apart_rounds_once(products, bias):
+    """The "bias apart" split: with h = float32(bias) and l = bias - h, float32(products + l) is exact
+    and float32(that + h) is the one rounding of the exact sum, float32(products + bias)."""
+    high = np.float32(bias)
+    low = np.float32(bias - float(high))
+    assert float(low) == bias - float(high) and abs(float(low)) <= 2 ** 7
+    exact_low = np.float32(products) + low
+    assert float(exact_low) == products + float(low)
+    assert exact_low + high == np.float32(float(products + bias))

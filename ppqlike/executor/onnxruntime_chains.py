@@ -25,8 +25,8 @@ import numpy as np
 from ..core.ir import Operation
 from ..core.quant import TensorQuantizationConfig
 from .integer_codes import Codes, code_bound, integer_codes, largest_magnitude, per_tensor
-from .onnxruntime_kernels import (EXACT_F32, activation_fused, applied_root, channel_multiplier, clamp_codes,
-                                  product_bound)
+from .onnxruntime_kernels import (EXACT_F32, INT32, activation_fused, applied_root, channel_multiplier,
+                                  clamp_codes, product_bound, wrap_int32)
 from .ops._conv_channels_last import expand_then_depthwise
 from .simulation import grid_key
 
@@ -35,11 +35,14 @@ _F32 = np.float32
 
 @dataclass(frozen=True)
 class ConvCodes:
-    """What one integer Conv of a chain computes with: its weight and bias codes (float32 integers),
-    the requantization multiplier per output channel, the codes its result is clamped to, and the
-    config its result's codes belong to."""
+    """What one integer Conv of a chain computes with: its weight and bias codes (float32 integers;
+    a bias too wide for float32 sums as ``bias`` + ``bias_high``, added after the products as
+    onnxruntime_kernels' "bias apart"), the requantization multiplier per output channel, the codes
+    its result is clamped to, and the config its result's codes belong to."""
     weight: np.ndarray
     bias: np.ndarray | None
+    bias_high: np.ndarray | None
+    wide: np.ndarray   # channels whose int32 sum may wrap around (then formed in float64 and wrapped)
     multiplier: np.ndarray
     low: float
     high: float
@@ -70,22 +73,41 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
     if weight is None or weight.dtype != _F32 or np.size(configs[1].scale) not in (1, weight.shape[0]):
         return None
     products = product_bound(operation, [None, weight], code_bound(configs[0]))
-    if products + (largest_magnitude(bias) if bias is not None else 0.0) >= EXACT_F32:
-        return None
+    high, wide = None, np.zeros(0, np.int64)
+    if bias is not None:
+        bias = bias.reshape(-1)
+        if products + largest_magnitude(bias) >= EXACT_F32:   # "bias apart": h = float32(bias), l = bias - h
+            if products + 2.0 ** 8 >= EXACT_F32:
+                return None
+            high = bias.astype(_F32)
+            bias = bias - high.astype(np.float64)
+            wide = np.flatnonzero(np.abs(high.astype(np.float64) + bias) + products >= INT32)
     multiplier = channel_multiplier(configs[0].scale, configs[1].scale, output.scale)
     multiplier = np.broadcast_to(multiplier, (weight.shape[0],)).astype(_F32)
-    low, high = clamp_codes(output, edges)
-    return ConvCodes(weight, None if bias is None else bias.astype(_F32).reshape(-1), multiplier, low, high,
+    low, high_code = clamp_codes(output, edges)
+    return ConvCodes(weight, None if bias is None else bias.astype(_F32), high, wide, multiplier, low, high_code,
                      output)
 
 
-def requantize_block(multiplier: np.ndarray, low: float, high: float, width: int):
+def requantize_block(codes: ConvCodes, width: int):
     """The in-cache requantization of a channels-last block whose rows hold ``width`` values
-    (whole pixels): q = clamp(rint(acc * M), low, high), M per channel repeated along the row."""
-    factors = np.tile(multiplier, width // multiplier.size)
-    low, high = _F32(low), _F32(high)
+    (whole pixels): q = clamp(rint((acc + h) * M), low, high), h (the wide bias's float32 part) and M
+    per channel repeated along the row."""
+    channels = codes.multiplier.size
+    repeat = width // channels
+    factors = np.tile(codes.multiplier, repeat)
+    high_bias = None if codes.bias_high is None else np.tile(codes.bias_high, repeat)
+    columns = (np.arange(repeat)[:, None] * channels + codes.wide[None, :]).reshape(-1)
+    if columns.size:
+        wide_bias = high_bias[columns].astype(np.float64)
+        high_bias[columns] = 0.0
+    low, high = _F32(codes.low), _F32(codes.high)
 
     def epilogue(block: np.ndarray) -> None:
+        if columns.size:   # float32(the int32 the kernel holds), as onnxruntime_kernels forms it
+            block[:, columns] = wrap_int32(block[:, columns].astype(np.float64) + wide_bias)
+        if high_bias is not None:
+            np.add(block, high_bias, out=block)
         np.multiply(block, factors, out=block)
         np.rint(block, out=block)
         np.clip(block, low, high, out=block)
@@ -98,10 +120,9 @@ def expand_then_depthwise_codes(x: np.ndarray, first: ConvCodes, second: ConvCod
     input: the second conv's result as ``Codes``, or None when the chain does not apply."""
     channels = first.weight.shape[0]
     width = x.shape[3] // strides[1] * channels   # a row of the depthwise output
-    out = expand_then_depthwise(
-        x, (first.weight, first.bias, requantize_block(first.multiplier, first.low, first.high, channels)),
-        (second.weight, second.bias, requantize_block(second.multiplier, second.low, second.high, width)),
-        pads, strides, dilations)
+    out = expand_then_depthwise(x, (first.weight, first.bias, requantize_block(first, channels)),
+                                (second.weight, second.bias, requantize_block(second, width)),
+                                pads, strides, dilations)
     return None if out is None else Codes(out, second.output)
 
 

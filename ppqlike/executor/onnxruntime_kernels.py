@@ -13,8 +13,9 @@ exported model stores them):
 * Conv / MatMul / Gemm (QLinearConv, QLinearMatMul, QGemm):
   acc = sum (q_x - z_x)(q_w - z_w) + q_bias, exact (computed on integers in
   float32 when max|x| * max_c sum|w| + max|bias| < 2^24 bounds every partial
-  sum; a convolution whose products alone fit adds its bias apart, in
-  float64; else all in float64); M = float32(float32(S_x * S_w) / S_y) per output channel;
+  sum; a convolution whose products alone fit adds its bias apart: bias =
+  h + l with h = float32(bias) and l small, acc + l exact in float32, then
+  one correctly rounded float32 addition of h; else all in float64); M = float32(float32(S_x * S_w) / S_y) per output channel;
   q_y = clamp(rint(float32(acc) * M), qmin - z_y, qmax - z_y) + z_y
   (MLAS's requantization: a float32 product rounded half to even).
 * Add (QLinearAdd): with r_a = float32(S_a / S_y), r_b = float32(S_b / S_y)
@@ -84,7 +85,7 @@ def applied_root(config: TensorQuantizationConfig | None) -> TensorQuantizationC
 
 
 EXACT_F32 = 2.0 ** 24    # integers up to here are exact in float32
-_INT32 = 2.0 ** 31
+INT32 = 2.0 ** 31
 
 
 def product_bound(operation: Operation, integers: list, largest_input: float) -> float:
@@ -104,23 +105,23 @@ def product_bound(operation: Operation, integers: list, largest_input: float) ->
 def _precision(operation: Operation, integers: list, products: float, total: float) -> str:
     """How the accumulator is computed exactly, given the bounds of the products' partial sums and of
     the whole (bias included): "float32" (every partial sum below 2^24), "bias apart" (a convolution
-    whose products alone stay below 2^24: those in float32, the wide bias added in float64) or
+    whose products alone stay below 2^24: those in float32, the wide bias added apart) or
     "float64"."""
     if integers[0].dtype != _F32 or integers[1].dtype != _F32:
         return "float64"
     if total < EXACT_F32:
         return "float32"
-    if operation.type == "Conv" and len(integers) > 2 and products < EXACT_F32:
+    if operation.type == "Conv" and len(integers) > 2 and products + 2.0 ** 8 < EXACT_F32:   # + |l| (<= 2^6)
         return "bias apart"
     return "float64"
 
 
-def _wrap_int32(accumulator: np.ndarray) -> np.ndarray:
+def wrap_int32(accumulator: np.ndarray) -> np.ndarray:
     """The int32 the kernel holds for an exact (float64) accumulator: two's complement wrap-around,
     which onnxruntime's int32 addition of a saturated bias code produces."""
-    np.add(accumulator, _INT32, out=accumulator)
-    np.mod(accumulator, 2 * _INT32, out=accumulator)
-    np.subtract(accumulator, _INT32, out=accumulator)
+    np.add(accumulator, INT32, out=accumulator)
+    np.mod(accumulator, 2 * INT32, out=accumulator)
+    np.subtract(accumulator, INT32, out=accumulator)
     return accumulator
 
 
@@ -133,9 +134,9 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
     value; ``clamp=False`` (the op's activation is fused after it) leaves the range to the
     activation op and the quantization after it, so the op's own output keeps its pre-activation
     values; a (low, high) pair of codes q - z clamps to those instead of the output's range.
-    ``as_codes``: the result may be ``Codes`` (skipping the last multiplication by S_y).  ``bias`` (float64 integers per channel along ``axis``): added to the float32
-    ``accumulator`` exactly, in float64, before float32(acc).  Works in place on a float32
-    ``accumulator``, a cache-sized block at a time.
+    ``as_codes``: the result may be ``Codes`` (skipping the last multiplication by S_y).  ``bias``
+    (float32 per channel along ``axis``): added to the float32 ``accumulator`` first (one rounding).
+    Works in place on a float32 ``accumulator``, a cache-sized block at a time.
     """
     zero = zero_point(output)
     low, high = clamp if isinstance(clamp, tuple) else (output.quant_min - zero, output.quant_max - zero)
@@ -160,8 +161,8 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
     factors = multiplier.reshape(1, -1, 1)
     for rows, channels in channel_chunks(blocks.shape, _REQUANTIZE_BLOCK):
         block, factor = blocks[rows, channels], factors[:, channels]
-        if bias is not None:   # float32(acc + bias), the sum exact in float64
-            np.add(block, bias[channels].reshape(factor.shape), out=block, dtype=np.float64, casting="same_kind")
+        if bias is not None:
+            np.add(block, bias[channels].reshape(factor.shape), out=block)
         np.multiply(block, factor, out=block)
         np.rint(block, out=block)
         if clamp is not False:
@@ -209,21 +210,22 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
     precision = _precision(operation, integers, products, total)
     bias = None
     if precision == "bias apart":   # the products exact in float32, the wide (saturated int32) bias not
-        accumulator, bias = kernel(integers[:2])[0], integers[2].astype(np.float64).reshape(-1)
-        wide = np.flatnonzero(np.abs(bias) + products >= _INT32)
+        wide_bias = integers[2].astype(np.float64).reshape(-1)
+        bias = wide_bias.astype(_F32)    # h, and the small rest l = bias - h in the kernel: acc + l exact
+        accumulator = kernel(integers[:2] + [(wide_bias - bias).astype(_F32)])[0]
+        wide = np.flatnonzero(np.abs(wide_bias) + products >= INT32)
         if wide.size:   # channels whose int32 sum may wrap: formed exactly in float64, wrapped, stored
             exact = accumulator[:, wide].astype(np.float64)
-            exact += bias[wide].reshape((1, -1) + (1,) * (exact.ndim - 2))
-            accumulator[:, wide] = _wrap_int32(exact)   # float32(the kernel's int32), its bias in it
-            bias = bias.copy()
+            exact += bias[wide].astype(np.float64).reshape((1, -1) + (1,) * (exact.ndim - 2))
+            accumulator[:, wide] = wrap_int32(exact)   # float32(the kernel's int32), its bias in it
             bias[wide] = 0.0
     else:
         dtype = _F32 if precision == "float32" else np.float64
         integers = [i.astype(dtype, copy=False) for i in integers]
         integers += list(arguments[len(integers):])
         accumulator = kernel(integers)[0]
-        if total >= _INT32:
-            accumulator = _wrap_int32(accumulator.astype(np.float64))
+        if total >= INT32:
+            accumulator = wrap_int32(accumulator.astype(np.float64))
     axis = _output_axis(operation, accumulator.ndim)
     if np.size(weight.scale) not in (1, accumulator.shape[axis]):
         return None
