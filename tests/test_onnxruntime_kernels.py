@@ -17,13 +17,17 @@ from ppqlike.executor.onnxruntime_kernels import wants_runtime_kernel
 from ppqlike.export.verify import run_qdq_model
 
 
+def _weight_maker(rng):
+    """weight(name, *shape, scale=0.3): a normal random initializer."""
+    def weight(name, *shape, scale=0.3):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+    return weight
+
+
 def _model(seed: int, size: int = 12) -> onnx.ModelProto:
     """Conv(3x3)+Relu -> depthwise Conv+Clip -> 1x1 Conv, residual Add, GlobalAveragePool, Flatten, Gemm
     on ``size`` x ``size`` maps."""
-    rng = np.random.default_rng(seed)
-
-    def weight(name, *shape, scale=0.3):
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+    weight = _weight_maker(np.random.default_rng(seed))
 
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
@@ -386,3 +390,62 @@ def test_bias_added_apart_rounds_once(products, bias):
     exact_low = np.float32(products) + low
     assert float(exact_low) == products + float(low)
     assert exact_low + high == np.float32(float(products + bias))
+
+
+def _fire_model(seed: int) -> onnx.ModelProto:
+    """SqueezeNet-like: Conv+Relu, MaxPool, a fire module (squeeze 1x1+Relu, expand 1x1+Relu and 3x3+Relu,
+    Concat), Conv, GlobalAveragePool, Flatten."""
+    weight = _weight_maker(np.random.default_rng(seed))
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="stem"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], name="pool"),
+        helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], name="squeeze"),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], name="expand1"),
+        helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
+        helper.make_node("Conv", ["r2", "w4", "b4"], ["c4"], pads=[1, 1, 1, 1], name="expand3"),
+        helper.make_node("Relu", ["c4"], ["r4"], name="relu4"),
+        helper.make_node("Concat", ["r3", "r4"], ["cat"], axis=1, name="concat"),
+        helper.make_node("Conv", ["cat", "w5", "b5"], ["c5"], name="head"),
+        helper.make_node("GlobalAveragePool", ["c5"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["y"], name="flatten"),
+    ]
+    initializers = [weight("w1", 8, 3, 3, 3), weight("b1", 8, scale=0.1), weight("w2", 4, 8, 1, 1),
+                    weight("b2", 4, scale=0.1), weight("w3", 6, 4, 1, 1), weight("b3", 6, scale=0.1),
+                    weight("w4", 6, 4, 3, 3), weight("b4", 6, scale=0.1), weight("w5", 10, 12, 1, 1),
+                    weight("b5", 10, scale=0.1)]
+    graph = helper.make_graph(nodes, "fire",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 17, 17])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_ops_that_move_values_move_codes(tmp_path):
+    """MaxPool, Concat (inputs on one grid) and Flatten between integer kernels run on the codes
+    (``fusion.run_on_codes``): equal to onnxruntime and to the hooked run bit for bit, intermediate
+    values included."""
+    from ppqlike.executor import OperationHook
+    from ppqlike.executor import executor as executor_module
+    rng = np.random.default_rng(4)
+    onnx.save(_fire_model(4), tmp_path / "m.onnx")
+    calibration = [rng.standard_normal((8, 3, 17, 17)).astype(np.float32) * 2 for _ in range(2)]
+    graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
+    model = onnx.load(api.export_ppq_graph(graph, "ORT_INT8", tmp_path / "q.onnx")[0])
+    moved = []
+    original = executor_module.run_on_codes
+    executor_module.run_on_codes = lambda operation, *rest: moved.append(
+        (operation.type, original(operation, *rest))) or moved[-1][1]
+    x = rng.standard_normal((4, 3, 17, 17)).astype(np.float32) * 2
+    executor = NumpyExecutor(graph)
+    names = ["p1", "cat", "y"]
+    try:
+        plain = executor.forward(x, output_names=names)
+    finally:
+        executor_module.run_on_codes = original
+    assert sorted(kind for kind, result in moved if result is not None) == ["Concat", "Flatten", "MaxPool"]
+    hooked = executor.forward(x, output_names=names, hooks=[OperationHook()])
+    for name, a, b in zip(names, plain, hooked):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    np.testing.assert_array_equal(plain[-1], run_qdq_model(model, {"x": x})[0])

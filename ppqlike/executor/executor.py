@@ -25,10 +25,10 @@ import numpy as np
 
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
-from .fusion import (activate_in_place, activation_bounds, activation_partners, clip_epilogue, configs_let_fuse,
-                     expand_chains, fusable, grid_edges, pad_folds)
+from .fusion import (MOVES_CODES, activate_in_place, activation_bounds, activation_partners, clip_epilogue,
+                     configs_let_fuse, expand_chains, fusable, grid_edges, pad_folds, run_on_codes)
 from .chains import output_grid, run_float_chain, run_integer_chain
-from .integer_codes import Codes, values_of
+from .integer_codes import Codes, values_hold_codes, values_of
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .ops import Kernel, build_kernel
 from .ops.tensor import zero_spatial_pads
@@ -235,6 +235,15 @@ class NumpyExecutor:
                 for name in step.release:
                     values.pop(name, None)
                 continue
+            if not hooks and operation.type in MOVES_CODES and values_hold_codes(step.inputs, values):
+                moved = run_on_codes(operation, step.kernel, step.inputs, values, grids,
+                                     lambda name: self._argument(name, values))
+                if moved is not None:   # codes in, codes out: nothing turned into values
+                    for name, value in zip(step.outputs, moved):
+                        values[name], grids[name] = value, grids[step.inputs[0]]
+                    for name in step.release:
+                        values.pop(name, None)
+                    continue
             runtime = self.runtime_kernels and wants_runtime_kernel(operation)
             arguments = self._arguments(step, values, grids, keep_codes=runtime and not hooks)
             if index in plan.pad_folds and not hooks:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.ir import Operation
-from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
+from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS, VALUE_PRESERVING_TYPES
+from .integer_codes import Codes
 from .onnxruntime_kernels import wants_runtime_kernel
 from .simulation import keeps_grid, passes_through, quantize_inputs, quantize_outputs
 
@@ -193,3 +194,35 @@ def clip_epilogue(bounds: tuple | None):
     low = -np.inf if bounds[0] is None else bounds[0]   # numpy's two-bound clip: about 2x maximum's speed
     high = np.inf if bounds[1] is None else bounds[1]
     return lambda block: np.clip(block, low, high, out=block)
+
+
+#: Ops whose result on integer codes is the codes of their result on the values, on the same grid: they
+#: select, move or compare values without arithmetic (a Pad's constant would need its own code); a Concat
+#: when its inputs share a grid.
+MOVES_CODES = (VALUE_PRESERVING_TYPES - {"Pad"}) | {"Concat"}
+
+
+def run_on_codes(operation: Operation, kernel, names: tuple, values: dict, grids: dict, argument):
+    """The results of a ``MOVES_CODES`` op run on the codes of its data inputs (all ``Codes`` on one grid,
+    which its configs leave as they are), as ``Codes`` on that grid; None when that does not apply.
+    ``names``: the op's input names; ``values``: the executor's values (read only); ``argument(name)``:
+    the value of another input."""
+    data = names if operation.type == "Concat" else names[:1]
+    held = [values.get(name) for name in data]
+    key = grids.get(data[0])
+    if key is None or not all(isinstance(h, Codes) and h.codes() is not None and grids.get(n) == key
+                              for h, n in zip(held, data)):
+        return None
+    config = operation.config
+    if config is not None:
+        ins = config.input_quantization_config[:len(data)]
+        if not all(passes_through(c) or keeps_grid(c, key) for c in ins) or not all(
+                passes_through(c) or keeps_grid(c, key) for c in config.output_quantization_config):
+            return None
+    arguments = [h.codes() for h in held] + [argument(name) for name in names[len(data):]]
+    results = []
+    for result in kernel(quantize_inputs(operation, arguments, names, grids)):
+        if any(np.may_share_memory(result, h.codes()) for h in held):
+            result = np.array(result)   # a view: the input's codes may turn into values in place later
+        results.append(Codes(result, held[0].config))
+    return results

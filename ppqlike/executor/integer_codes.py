@@ -52,6 +52,11 @@ class Codes:
         return self._array
 
 
+def values_hold_codes(names: tuple, values: dict) -> bool:
+    """Whether the executor's ``values`` hold ``Codes`` for the first of ``names``."""
+    return bool(names) and isinstance(values.get(names[0]), Codes)
+
+
 def values_of(value):
     """``value`` itself, or the values of ``Codes``."""
     return value.values() if isinstance(value, Codes) else value
