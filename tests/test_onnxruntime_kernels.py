@@ -196,15 +196,22 @@ def test_qlinear_mul_matches_onnxruntime(seed, scalar, ratio):
     np.testing.assert_array_equal(qlinear_mul(a, b, sa, za, sb, zb, sy, zy, 0, 255), expected)
 
 
-def test_mul_of_a_layer_scale_runs_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("batch", [32, 1024])
+def test_mul_of_a_layer_scale_runs_bit_for_bit(batch, tmp_path, monkeypatch):
     """A transformer-style layer scale (Mul by a constant per-channel vector, and by a scalar) between two
-    MatMuls: onnxruntime fuses QLinearMul, the simulation computes it."""
+    MatMuls: onnxruntime fuses QLinearMul, the simulation computes it (on a large batch from a table of
+    its results on every pair of codes, ``_pair_lookup``)."""
+    from ppqlike.executor import onnxruntime_kernels
+    looked_up = []
+    original = onnxruntime_kernels._pair_lookup
+    monkeypatch.setattr(onnxruntime_kernels, "_pair_lookup",
+                        lambda *arguments: looked_up.append(original(*arguments)) or looked_up[-1])
     rng = np.random.default_rng(5)
     initializers = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
                     for name, shape in (("w1", (16, 16)), ("gamma", (16,)), ("w2", (16, 8)))]
     initializers.append(numpy_helper.from_array(np.array(0.5, np.float32), "half"))
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-             helper.make_node("Mul", ["h", "gamma"], ["s"], name="layer_scale"),
+             helper.make_node("Mul", ["gamma", "h"], ["s"], name="layer_scale"),   # the small operand first
              helper.make_node("Mul", ["s", "half"], ["t"], name="half_scale"),
              helper.make_node("MatMul", ["t", "w2"], ["y"], name="fc2")]
     graph = helper.make_graph(nodes, "scale", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 16])],
@@ -216,8 +223,9 @@ def test_mul_of_a_layer_scale_runs_bit_for_bit(tmp_path):
     assert {"layer_scale", "half_scale"} <= {op.name for op in quantized.operations.values()
                                              if wants_runtime_kernel(op)}
     model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
-    x = rng.standard_normal((32, 6, 16)).astype(np.float32) * 1.5
+    x = rng.standard_normal((batch, 6, 16)).astype(np.float32) * 1.5
     np.testing.assert_array_equal(NumpyExecutor(quantized).forward(x)[0], run_qdq_model(model, {"x": x})[0])
+    assert len([table for table in looked_up if table is not None]) == (2 if batch > 32 else 0)
 
 
 @pytest.mark.parametrize("large_bias, wraps", [(40.0, True), (3e-3, False)])
