@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ppqlike.core.errors import CalibrationDataError, QuantizationPolicyError, QuantizationStateError
 from ppqlike.core.numerics import (
-    dequantize, fake_quantize, minmax_to_scale_offset, power_of_2_scale, quantize, requantize,
+    dequantize, fake_quantize, minmax_to_scale_offset, power_of_2_scale, quantize, quantize_codes, requantize,
     rounding_right_shift, scale_to_multiplier_shift,
 )
 from ppqlike.core.rounding import RoundingPolicy, round_values
@@ -222,6 +222,11 @@ def test_fake_quantize_in_blocks_and_in_place_equals_two_step_path(policy, qrang
     assert (got is source) == in_place
     np.testing.assert_array_equal(got[finite], expected[finite])
     np.testing.assert_array_equal(np.isnan(got), np.isnan(x))
+    with np.errstate(invalid="ignore"):   # the codes: quantize's integers less Z, S times them the values
+        codes = quantize_codes(x.T, scale, offset, qmin, qmax, policy).T   # channels-last-like memory order
+        np.testing.assert_array_equal(codes[finite], (quantize(x, scale, offset, qmin, qmax, policy) - offset)[finite])
+        assert (codes * scale).tobytes() == fake_quantize(x, scale, offset, qmin, qmax, policy).tobytes()
+    assert quantize_codes(x.astype(np.float64), scale, offset, qmin, qmax, policy) is None
 
 
 def test_per_channel_matches_per_tensor_slices():

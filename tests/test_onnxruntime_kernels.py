@@ -457,3 +457,40 @@ def test_ops_that_move_values_move_codes(tmp_path):
     for name, a, b in zip(names, plain, hooked):
         np.testing.assert_array_equal(a, b, err_msg=name)
     np.testing.assert_array_equal(plain[-1], run_qdq_model(model, {"x": x})[0])
+
+
+def test_codes_move_through_reshape_read_by_shape(tmp_path):
+    """A transformer's Reshape takes its target shape from a Shape of the value it reshapes: the Shape
+    reads the codes' shape, the Reshape and Transpose move codes, the float inputs reach the integer
+    kernels as codes (``quantize_inputs(as_codes=True)``); bit for bit with onnxruntime and the hooked run."""
+    from ppqlike.executor import OperationHook
+    from ppqlike.executor import executor as executor_module
+    rng = np.random.default_rng(8)
+    weight = _weight_maker(rng)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+             helper.make_node("Add", ["b1", "h"], ["a"], name="bias"),
+             helper.make_node("Shape", ["a"], ["s"], name="shape"),
+             helper.make_node("Reshape", ["a", "s"], ["r"], name="reshape"),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1], name="transpose"),
+             helper.make_node("MatMul", ["t", "w2"], ["y"], name="fc2")]
+    graph = helper.make_graph(nodes, "attention-like",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 8])],
+                              [weight("w1", 16, 16), weight("b1", 16, scale=0.1), weight("w2", 6, 8)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), tmp_path / "m.onnx")
+    calibration = [rng.standard_normal((64, 6, 16)).astype(np.float32) for _ in range(2)]
+    quantized = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
+    model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
+    moved = []
+    original = executor_module.run_on_codes
+    executor_module.run_on_codes = lambda operation, *rest: moved.append(
+        (operation.type, original(operation, *rest))) or moved[-1][1]
+    x = rng.standard_normal((1024, 6, 16)).astype(np.float32)
+    executor = NumpyExecutor(quantized)
+    try:
+        plain = executor.forward(x)[0]
+    finally:
+        executor_module.run_on_codes = original
+    assert sorted(kind for kind, result in moved if result is not None) == ["Reshape", "Transpose"]
+    np.testing.assert_array_equal(plain, executor.forward(x, hooks=[OperationHook()])[0])
+    np.testing.assert_array_equal(plain, run_qdq_model(model, {"x": x})[0])

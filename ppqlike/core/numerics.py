@@ -170,6 +170,20 @@ def fake_quantize(x, scale, offset, quant_min: int, quant_max: int,
     return out
 
 
+def quantize_codes(x, scale, offset, quant_min: int, quant_max: int,
+                   rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN,
+                   channel_axis: int | None = None) -> np.ndarray | None:
+    """The codes q - Z of a per-tensor float32 quantization as integer-valued float32 (what
+    ``fake_quantize`` computes before its last multiplication by S; S * codes is its result, bit for
+    bit), block by block; None where ``fake_quantize`` does not take that path."""
+    qmin, qmax = _check_range(quant_min, quant_max)
+    x = np.asarray(x)
+    if not _blockwise_applies(x, scale, offset, qmin, qmax, channel_axis, None):
+        return None
+    return _fake_quantize_blocks(x, scale, offset, qmin, qmax, RoundingPolicy.parse(rounding), None,
+                                 dequantize=False)
+
+
 _BLOCK = 1 << 17   # elements per block of the per-tensor path (512 KiB of float32): the passes stay in L2
 
 
@@ -185,8 +199,9 @@ def _blockwise_applies(x, scale, offset, qmin, qmax, channel_axis, out) -> bool:
     return True
 
 
-def _fake_quantize_blocks(x, scale, offset, qmin, qmax, rounding, out) -> np.ndarray:
-    """The float32 per-tensor fake quantization, block by block, into ``out`` (new when None).
+def _fake_quantize_blocks(x, scale, offset, qmin, qmax, rounding, out, dequantize: bool = True) -> np.ndarray:
+    """The float32 per-tensor fake quantization, block by block, into ``out`` (new when None); without
+    ``dequantize``, the codes q - z.
 
     With z the offset, clamp(round(x / S) + z) - z is computed as clamp(round(x / S), qmin - z, qmax - z):
     the same integers (exact in float32), two passes fewer.
@@ -206,7 +221,8 @@ def _fake_quantize_blocks(x, scale, offset, qmin, qmax, rounding, out) -> np.nda
         np.divide(source[start:start + _BLOCK], s, out=steps)
         round_into(steps, block, rounding)
         np.clip(block, low, high, out=block)
-        np.multiply(block, s, out=block)
+        if dequantize:
+            np.multiply(block, s, out=block)
     return result
 
 

@@ -306,6 +306,11 @@ class TensorQuantizationConfig(QuantGridBase):
         ``out`` may be ``x``)."""
         return self._call(numerics.fake_quantize, x, **({} if out is None else {"out": out}))
 
+    def quantize_codes(self, x) -> np.ndarray | None:
+        """q - Z as integer-valued float32 (``numerics.quantize_codes``: S times them is ``fake_quantize(x)``),
+        or None where a per-tensor float32 quantization does not apply."""
+        return self._call(numerics.quantize_codes, x)
+
     def quantize(self, x) -> np.ndarray:
         """Integers clamp(round(x / S) + Z) (int32, int64 for wide ranges)."""
         return self._call(numerics.quantize, x)

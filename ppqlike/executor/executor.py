@@ -25,8 +25,8 @@ import numpy as np
 
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
-from .fusion import (MOVES_CODES, activate_in_place, activation_bounds, activation_partners, clip_epilogue,
-                     configs_let_fuse, expand_chains, fusable, grid_edges, pad_folds, run_on_codes)
+from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activation_bounds, activation_partners,
+                     clip_epilogue, configs_let_fuse, expand_chains, fusable, grid_edges, pad_folds, run_on_codes)
 from .chains import output_grid, run_float_chain, run_integer_chain
 from .integer_codes import Codes, values_hold_codes, values_of
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
@@ -260,7 +260,7 @@ class NumpyExecutor:
                     values.pop(name, None)
                 continue
             extra_pads = deferred_pads.get(step.inputs[0]) if deferred_pads and step.inputs else None
-            arguments = quantize_inputs(operation, arguments, step.inputs, grids)
+            arguments = quantize_inputs(operation, arguments, step.inputs, grids, as_codes=runtime and not hooks)
             grids_of_arguments = argument_grids(operation, step.inputs, grids) if runtime else ()
             for hook in hooks:
                 replaced = hook.before_operation(operation, arguments)
@@ -368,7 +368,9 @@ class NumpyExecutor:
         arguments = []
         for index, name in enumerate(step.inputs):
             value = values.get(name) if name is not None else None
-            if isinstance(value, Codes) and index < len(configs) and (
+            if isinstance(value, Codes) and step.operation.type in READS_SHAPE_ONLY:
+                arguments.append(value.values() if value.codes() is None else value.codes())   # its shape
+            elif isinstance(value, Codes) and index < len(configs) and (
                     passes_through(configs[index]) or keeps_grid(configs[index], grids.get(name))):
                 arguments.append(value)
             else:

@@ -201,6 +201,10 @@ def clip_epilogue(bounds: tuple | None):
 #: when its inputs share a grid.
 MOVES_CODES = (VALUE_PRESERVING_TYPES - {"Pad"}) | {"Concat"}
 
+#: Ops that read only their input's shape: they read codes as they are (a transformer's Reshape takes
+#: its target shape from a Shape of the very value it reshapes).
+READS_SHAPE_ONLY = frozenset({"Shape", "Size"})
+
 
 def run_on_codes(operation: Operation, kernel, names: tuple, values: dict, grids: dict, argument):
     """The results of a ``MOVES_CODES`` op run on the codes of its data inputs (all ``Codes`` on one grid,

@@ -318,12 +318,23 @@ def _pair_lookup(compute: Callable, lows: list, highs: list, a: np.ndarray, b: n
         return None
     table = compute(np.arange(lows[0], highs[0] + 1, dtype=_F32)[:, None],
                     np.arange(lows[1], highs[1] + 1, dtype=_F32)[None, :]).reshape(-1)
-    index = np.multiply(a, _F32(width))   # (a - low_a) * width + (b - low_b), exact in float32
-    index = np.add(index, b, out=index if index.shape == np.broadcast_shapes(a.shape, b.shape) else None)
-    index -= _F32(lows[0] * width + lows[1])
-    if index.size and not (float(index.min()) >= 0 and float(index.max()) < table.size):
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    if not shape:
         return None
-    return np.take(table, index.astype(np.intp))
+    big = a if a.shape == shape else b if b.shape == shape else None
+    out = empty_like_dense(big, _F32) if big is not None and memory_axes(big) is not None else np.empty(shape, _F32)
+    a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
+    step = max(1, _TABLE_MIN // max(1, int(np.prod(shape[1:]))))   # blocks along the first axis, in cache
+    offset = _F32(lows[0] * width + lows[1])
+    for start in range(0, shape[0], step):
+        rows = slice(start, start + step)
+        index = np.multiply(a[rows], _F32(width))   # (a - low_a) * width + (b - low_b), exact in float32
+        index += b[rows]
+        index -= offset
+        if index.size and not (float(index.min()) >= 0 and float(index.max()) < table.size):
+            return None
+        np.take(table, index.astype(np.int32), out=out[rows])
+    return out
 
 
 _add = _binary(qlinear_add, scalars=False)  # a scalar operand takes another path inside QLinearAdd

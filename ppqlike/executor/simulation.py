@@ -30,7 +30,7 @@ from ..core.layout import channel_view, dense, empty_like_dense, memory_axes
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 from ..core.rounding import RoundingPolicy, round_inplace
-from .integer_codes import channel_chunks, values_of
+from .integer_codes import Codes, channel_chunks, values_of
 
 #: policies under which fake-quantizing a value already on the grid gives it back unchanged
 #: (x / S lies within a few ulps of an integer, and these round that to the integer)
@@ -198,9 +198,11 @@ def dequantized(graph: Graph):
                 tqc.restore()
 
 
-def quantize_inputs(operation: Operation, arguments: list, names: tuple = (), grids: dict | None = None) -> list:
+def quantize_inputs(operation: Operation, arguments: list, names: tuple = (), grids: dict | None = None,
+                    as_codes: bool = False) -> list:
     """The op's inputs through its input configs; a value whose name ``grids`` records on the grid a
-    config would quantize it to is passed as it is (the same array: nothing would change)."""
+    config would quantize it to is passed as it is (the same array: nothing would change).  ``as_codes``
+    (an integer kernel reads them): a float32 value a per-tensor config quantizes comes as ``Codes``."""
     config = operation.config
     if config is None:
         return arguments
@@ -209,6 +211,12 @@ def quantize_inputs(operation: Operation, arguments: list, names: tuple = (), gr
         name = names[index] if index < len(names) else None
         if grids and name in grids and keeps_grid(tqc, grids[name]):
             continue
+        if as_codes and isinstance(value, np.ndarray) and tqc is not None and is_applied(tqc.state) \
+                and not awaits_master(tqc):
+            codes = tqc.quantize_codes(value)
+            if codes is not None:
+                quantized[index] = Codes(codes, tqc)
+                continue
         quantized[index] = apply_config(tqc, value)
     return quantized
 
