@@ -10,10 +10,11 @@ accumulator nor its codes - never goes to memory whole.  The result is the
 second conv's codes (``integer_codes.Codes``).
 
 Equal bit for bit to the two integer kernels run one after the other
-(``onnxruntime_kernels``): every partial sum is an integer below 2^24, exact in
-float32 in any order (a conv whose sums may not be is not chained), and the
-requantization is the same elementwise float32 arithmetic.  Reads configs;
-writes nothing.
+(``onnxruntime_kernels``): every partial sum of the products is an integer
+below 2^24, exact in float32 in any order (a conv whose sums may not be is not
+chained), a bias too wide for that is added after them as the unchained kernel
+adds it ("bias apart"), and the requantization is the same elementwise float32
+arithmetic.  Reads configs; writes nothing.
 """
 
 from __future__ import annotations
