@@ -29,7 +29,7 @@ from ..core.ir import Graph, Operation
 from ..core.layout import channel_view, dense, empty_like_dense, memory_axes
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
-from ..core.rounding import RoundingPolicy, round_inplace
+from ..core.rounding import RoundingPolicy, round_into
 from .integer_codes import Codes, channel_chunks, values_of
 
 #: policies under which fake-quantizing a value already on the grid gives it back unchanged
@@ -136,33 +136,37 @@ def requantize_output(config: TensorQuantizationConfig, value):
             m, r = multiplier[channel_range], shift[channel_range]
         else:
             factors, m, r = accumulator_scale[0], int(multiplier[0]), int(shift[0])
-        acc = np.rint(block.astype(np.float64) / factors)
-        out[rows, channel_range] = _requantize_block(acc, m, r, config, per_channel)
+        acc = np.divide(block, factors, dtype=np.float64)
+        np.rint(acc, out=acc)
+        _requantize_block(acc, m, r, config, per_channel, out[rows, channel_range])
     return result
 
 
-def _requantize_block(acc: np.ndarray, multiplier, shift, config: TensorQuantizationConfig, per_channel: bool):
-    """One block of ``requantize_output``: the integer accumulator ``acc`` (float64 integers) to output values.
+def _requantize_block(acc: np.ndarray, multiplier, shift, config: TensorQuantizationConfig, per_channel: bool,
+                      target: np.ndarray) -> None:
+    """One block of ``requantize_output``: the integer accumulator ``acc`` (float64 integers, overwritten)
+    to output values, written into ``target`` (float32).
 
     While max|acc| * max M0 < 2^53, acc * (M0 * 2^-shift) is exact in float64 (M0 * 2^-shift is, and
     the product's significand fits), so rounding it under the config's policy gives exactly the
     integers of the int64 multiply and rounding right shift, several passes cheaper; larger
-    products take that int64 path.
+    products take that int64 path.  The values S * (q - z): the float64 product of the integer
+    (below 2^24) and the float32 S is exact, so its float32 rounding is dequantize's float32 product.
     """
     offset = int(config.offset)
-    bound = float(np.max(np.abs(acc), initial=0.0)) * float(np.max(np.abs(multiplier)))
+    largest = max(float(acc.max(initial=0.0)), -float(acc.min(initial=0.0))) if acc.size else 0.0
+    bound = largest * float(np.max(np.abs(multiplier)))
     scale = np.asarray(config.scale)
     if bound >= 2.0 ** 53 or scale.dtype != np.float32 or scale.size != 1:
         q = numerics.requantize(acc.astype(np.int64), multiplier, shift, offset, config.quant_min, config.quant_max,
                                 config.rounding, channel_axis=1 if per_channel else None)
-        return numerics.dequantize(q, config.scale, config.offset)
+        target[...] = numerics.dequantize(q, config.scale, config.offset)
+        return
     ratio = np.ldexp(np.asarray(multiplier, np.float64), -np.asarray(shift, np.int64))
     t = np.multiply(acc, ratio.reshape(1, -1, 1) if per_channel else ratio, out=acc)
-    round_inplace(t, config.rounding)
-    np.clip(t, config.quant_min - offset, config.quant_max - offset, out=t)   # (q - z), q in range
-    values = t.astype(np.float32)      # exact: |q - z| < 2^24
-    values *= scale.reshape(())        # dequantize's float32 arithmetic: float32(q - z) * S
-    return values
+    rounded = round_into(t, np.empty_like(t), config.rounding)   # t: its scratch
+    np.clip(rounded, config.quant_min - offset, config.quant_max - offset, out=rounded)   # (q - z), q in range
+    np.multiply(rounded, np.float64(scale.reshape(())), out=target, casting="same_kind")
 
 
 def apply_output_config(config: TensorQuantizationConfig | None, value, in_place: bool = False):
