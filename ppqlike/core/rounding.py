@@ -86,8 +86,12 @@ def round_into(t: np.ndarray, out: np.ndarray, policy: RoundingPolicy) -> np.nda
     r = np.rint(t, out=out)
     with np.errstate(invalid="ignore"):  # inf - inf = nan: compares False, r stays inf
         d = np.subtract(t, r, out=t)  # t now holds d (exact); r the candidate
-        if d.size and not (np.fmax.reduce(d, axis=None) >= 0.5 or np.fmin.reduce(d, axis=None) <= -0.5):
-            return r  # no tie anywhere (NaN, from inf or NaN inputs, is none and is skipped by fmax/fmin)
+        # rint took the even neighbour: half up differs from it only where d = +0.5, half down only
+        # where d = -0.5 (one reduction each); the others on either side
+        up = policy is not _P.ROUND_HALF_DOWN and d.size and np.fmax.reduce(d, axis=None) >= 0.5
+        down = policy is not _P.ROUND_HALF_UP and d.size and np.fmin.reduce(d, axis=None) <= -0.5
+        if d.size and not (up or down):
+            return r  # no tie to fix (NaN, from inf or NaN inputs, is none and is skipped by fmax/fmin)
     if policy is _P.ROUND_HALF_UP:
         r += d == 0.5
     elif policy is _P.ROUND_HALF_DOWN:
