@@ -280,11 +280,12 @@ def _expansion_model(seed: int, saturated: bool = False) -> onnx.ModelProto:
     """MobileNetV2-like: stem Conv, depthwise, projection 1x1 (its result channels-last), then an
     expansion 1x1 -> Clip -> depthwise (stride 2) -> Clip -> projection, GlobalAveragePool.
     ``saturated``: a channel of the expansion and one of the depthwise conv have tiny weights under a
-    large bias (EfficientNet has such channels): int32 bias codes past 2^24 (the expansion's saturated,
-    its sums wrapping around)."""
+    large bias (EfficientNet has such channels): int32 bias codes saturated, sums wrapping around (the
+    depthwise conv reads a Clip's output, whose exact zeros make sums of 0 that wrap only with a bias
+    code of 2^31, not with onnxruntime's 2^31 - 1)."""
     rng = np.random.default_rng(seed)
     tiny = {"w4": 3, "w5": 5} if saturated else {}
-    large = {"b4": (3, -40.0), "b5": (5, 0.02)} if saturated else {}   # b5: past 2^24, no int32 overflow
+    large = {"b4": (3, -40.0), "b5": (5, 2.5)} if saturated else {}
 
     def weight(name, *shape, scale=0.3):
         value = (rng.standard_normal(shape) * scale).astype(np.float32)

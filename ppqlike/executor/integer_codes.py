@@ -99,6 +99,19 @@ def integer_codes(config: TensorQuantizationConfig, value, on_grid: bool = False
     return integers
 
 
+def bias_codes(config: TensorQuantizationConfig, value, original) -> np.ndarray | None:
+    """q - z (float64 integers) of a bias the op reads as ``value`` (its config's baked value), as the
+    exporter writes them: quantize(``original``) when those dequantize to ``value`` (int32 codes past
+    2^24 do not survive a float32 value: a saturated code 2^31 - 1 would come back as 2^31), else
+    ``integer_codes`` of ``value``."""
+    value = np.asarray(value)
+    if original is not None and np.shape(original) == value.shape:
+        codes = config.quantize(np.asarray(original))
+        if np.array_equal(config.dequantize(codes), value):
+            return (codes - np.asarray(config.offset, np.int64)).astype(np.float64)
+    return integer_codes(config, value.astype(np.float64))
+
+
 def _on_grid(steps: np.ndarray, integers: np.ndarray) -> bool:
     """Whether value / S (``steps``, overwritten) is within float32 error of its nearest integers."""
     np.subtract(steps, integers, out=steps)

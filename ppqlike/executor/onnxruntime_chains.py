@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.ir import Operation
 from ..core.quant import TensorQuantizationConfig
-from .integer_codes import Codes, code_bound, integer_codes, largest_magnitude, per_tensor
+from .integer_codes import Codes, bias_codes, code_bound, integer_codes, largest_magnitude, per_tensor
 from .onnxruntime_kernels import (EXACT_F32, INT32, activation_fused, applied_root, channel_multiplier,
                                   clamp_codes, product_bound, wrap_int32)
 from .ops._conv_channels_last import expand_then_depthwise
@@ -68,7 +68,8 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
     if len(arguments) > 2 and arguments[2] is not None:
         if len(configs) < 3 or configs[2] is None:
             return None
-        bias = integer_codes(configs[2], np.asarray(arguments[2], np.float64))
+        variable = operation.inputs[2]
+        bias = bias_codes(configs[2], arguments[2], variable.value if variable.is_parameter else None)
         if bias is None:
             return None
     if weight is None or weight.dtype != _F32 or np.size(configs[1].scale) not in (1, weight.shape[0]):

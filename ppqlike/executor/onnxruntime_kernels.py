@@ -53,7 +53,7 @@ from ..core.numerics import along_channel_axis
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..core.quant_graph import awaits_master, overlapped_root
 from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
-from .integer_codes import (BLOCK, Codes, channel_chunks, code_bound, dequantize_codes, integer_codes,
+from .integer_codes import (BLOCK, Codes, bias_codes, channel_chunks, code_bound, dequantize_codes, integer_codes,
                             largest_magnitude, per_tensor, zero_point)
 from .simulation import grid_key
 
@@ -203,7 +203,7 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
         return None  # a float bias (kept FP32) is not what QLinearConv computes
     integers = [integer_codes(data, arguments[0], on_grid[0]), integer_codes(weight, arguments[1], on_grid[1])]
     if len(arguments) > 2 and arguments[2] is not None:  # int32 codes: found in float64
-        integers.append(integer_codes(bias_config, np.asarray(arguments[2], np.float64)))
+        integers.append(bias_codes(bias_config, arguments[2], _parameter_value(operation, 2)))
     if any(i is None for i in integers):
         return None
     largest_input = code_bound(data) if on_grid[0] else largest_magnitude(integers[0])
@@ -234,6 +234,12 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
     multiplier = channel_multiplier(data.scale, weight.scale, output.scale)
     return [_requantize(accumulator, multiplier, output, clamp=clamp or not activation_fused(operation), axis=axis, bias=bias,
                         as_codes=as_codes)]
+
+
+def _parameter_value(operation: Operation, index: int):
+    """The float value of the op's parameter input ``index`` as stored (before its config), or None."""
+    variable = operation.inputs[index] if index < len(operation.inputs) else None
+    return variable.value if variable is not None and variable.is_parameter else None
 
 
 def _fma(a, b, c) -> np.ndarray:
