@@ -232,8 +232,7 @@ class NumpyExecutor:
         for index, step in enumerate(plan.steps):
             operation = step.operation
             if index in fused_into:  # this activation already ran in place on its producer's result
-                for name in step.release:
-                    values.pop(name, None)
+                _release(step, values)
                 continue
             if not hooks and operation.type in MOVES_CODES and values_hold_codes(step.inputs, values):
                 moved = run_on_codes(operation, step.kernel, step.inputs, values, grids,
@@ -241,8 +240,7 @@ class NumpyExecutor:
                 if moved is not None:   # codes in, codes out: nothing turned into values
                     for name, value in zip(step.outputs, moved):
                         values[name], grids[name] = value, grids[step.inputs[0]]
-                    for name in step.release:
-                        values.pop(name, None)
+                    _release(step, values)
                     continue
             runtime = self.runtime_kernels and wants_runtime_kernel(operation)
             arguments = self._arguments(step, values, grids, keep_codes=runtime and not hooks)
@@ -251,13 +249,11 @@ class NumpyExecutor:
                 if extra is not None:   # the Convs reading it pad instead
                     values[step.outputs[0]] = arguments[0]
                     deferred_pads[step.outputs[0]] = extra
-                    for name in step.release:
-                        values.pop(name, None)
+                    _release(step, values)
                     continue
             if index in plan.chains and not hooks \
                     and self._run_chain(plan, index, arguments, values, grids, fused_into):
-                for name in step.release:
-                    values.pop(name, None)
+                _release(step, values)
                 continue
             extra_pads = deferred_pads.get(step.inputs[0]) if deferred_pads and step.inputs else None
             arguments = quantize_inputs(operation, arguments, step.inputs, grids, as_codes=runtime and not hooks)
@@ -300,8 +296,7 @@ class NumpyExecutor:
                 fused_into[partner] = True
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
-                for name in step.release:
-                    values.pop(name, None)
+                _release(step, values)
                 continue
             results = quantize_outputs(operation, results, step.outputs, grids, on_output_grid,
                                        fresh_results(operation, results, arguments))
@@ -313,8 +308,7 @@ class NumpyExecutor:
                         grids.pop(name, None)
             for name, value in zip(step.outputs, results):
                 values[name] = value
-            for name in step.release:
-                values.pop(name, None)
+            _release(step, values)
         outputs = []
         for name in names:
             value = np.asarray(self._argument(name, values))
@@ -408,3 +402,8 @@ class NumpyExecutor:
             return quantize_outputs(operation, results, on_output_grid=on_output_grid)
         return list(kernel(list(inputs)))
 
+
+def _release(step: _Step, values: dict) -> None:
+    """Drop the values whose last reader is ``step``."""
+    for name in step.release:
+        values.pop(name, None)
