@@ -136,5 +136,7 @@ def test_real_tpu_rounding_difference(tmp_path):
         for config in changed:
             config.rounding = RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO
     effect = compare_outputs(even, tpu, output_steps(graph)[graph.outputs[0].name])
-    assert effect["exact"] < 1.0  # ties do occur on real data
-    assert effect["top1_agreement"] >= 0.9, effect
+    # ties are rare once the convs' accumulators are requantized by multiplier and shift before their
+    # Relu/Clip (as the exporter and TPU-MLIR do; until stop 25 the executor fused the activation and skipped
+    # that requantization without hooks, and the ties of that float path showed here)
+    assert effect["exact"] >= 0.9 and effect["top1_agreement"] >= 0.9, effect

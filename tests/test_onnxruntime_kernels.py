@@ -495,3 +495,22 @@ def test_codes_move_through_reshape_read_by_shape(tmp_path):
     assert sorted(kind for kind, result in moved if result is not None) == ["Reshape", "Transpose"]
     np.testing.assert_array_equal(plain, executor.forward(x, hooks=[OperationHook()])[0])
     np.testing.assert_array_equal(plain, run_qdq_model(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize("platform", ["TRT_INT8", "PPL_CUDA_INT8", "ORT_INT8", "TPU_INT8", "TIDL_INT8", "NXP_INT8",
+                                      "DSP_INT8", "ACADEMIC_INT8", "ACADEMIC_W4A8"])
+def test_fused_run_equals_the_op_by_op_run(platform, tmp_path):
+    """Whatever the executor fuses, chains or hands on as codes without hooks, the graph computes what
+    it computes op by op (a hook turns every shortcut off) - on every platform, bit for bit.  TPU_INT8's
+    convs requantize their accumulator before the Relu/Clip after them, which must then not fuse."""
+    from ppqlike.executor import OperationHook
+    rng = np.random.default_rng(12)
+    onnx.save(_expansion_model(12), tmp_path / "m.onnx")
+    calibration = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) * 2 for _ in range(2)]
+    graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform=platform)
+    x = rng.standard_normal((64, 3, 16, 16)).astype(np.float32) * 2
+    executor = NumpyExecutor(graph)
+    np.testing.assert_array_equal(executor.forward(x)[0], executor.forward(x, hooks=[OperationHook()])[0])
+    if platform == "TPU_INT8":   # the conv's output config quantizes (OVERLAPPED, with a requantization)
+        from ppqlike.executor.fusion import configs_let_fuse
+        assert not configs_let_fuse(graph.operations["expand"], graph.operations["clip4"])

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..core.ir import Operation
 from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS, VALUE_PRESERVING_TYPES
+from ..core.quant_graph import quantizes
 from .integer_codes import Codes
 from .onnxruntime_kernels import wants_runtime_kernel
 from .simulation import keeps_grid, passes_through, quantize_inputs, quantize_outputs
@@ -112,15 +113,13 @@ def pad_folds(order: list, keep: set, opset: int) -> frozenset:
 
 
 def configs_let_fuse(producer: Operation, activation: Operation) -> bool:
-    """Whether no quantization stands between ``producer``'s result and ``activation``'s input."""
-    between = []
-    if producer.config is not None:
-        between.append(producer.config.output_quantization_config[0]
-                       if producer.config.output_quantization_config else None)
-    if activation.config is not None:
-        between.append(activation.config.input_quantization_config[0]
-                       if activation.config.input_quantization_config else None)
-    return all(c is None or (passes_through(c) and "requantization" not in c.detail) for c in between)
+    """Whether no quantization stands between ``producer``'s result and ``activation``'s input (an
+    OVERLAPPED output config carrying an integer requantization does quantize: ``quantizes``)."""
+    output = producer.config.output_quantization_config[0] \
+        if producer.config is not None and producer.config.output_quantization_config else None
+    data = activation.config.input_quantization_config[0] \
+        if activation.config is not None and activation.config.input_quantization_config else None
+    return passes_through(output) and not quantizes(output, "output") and passes_through(data)
 
 
 def fusable(producer: Operation, activation: Operation, value) -> bool:
