@@ -26,14 +26,13 @@ from .ops.conv import conv2d_geometry
 from .ops.tensor import zero_spatial_pads
 from .simulation import argument_grids, grid_key, keeps_grid, passes_through, quantize_inputs
 from ..core.quant import is_applied
-from ..core.quant_graph import overlapped_root
+from ..core.quant_graph import input_config, output_config, overlapped_root
 
 
 def output_grid(operation) -> tuple | None:
     """The grid key of the config that quantizes ``operation``'s result (through an OVERLAPPED chain)."""
-    if operation.config is None or not operation.config.output_quantization_config:
-        return None
-    return grid_key(overlapped_root(operation.config.output_quantization_config[0]))
+    config = output_config(operation)
+    return None if config is None else grid_key(overlapped_root(config))
 
 
 def _geometry(second_step, x_shape, channels, filters, pad_step, argument):
@@ -67,8 +66,7 @@ def _float_stage(steps: list, conv: int, activation: int | None, argument, opset
             return None
         clip = clip_epilogue(_bounds(steps, activation, argument, opset))
         operation = steps[activation].operation
-    config = operation.config.output_quantization_config[0] \
-        if operation.config is not None and operation.config.output_quantization_config else None
+    config = output_config(operation)
     if passes_through(config):
         return clip, None
     if not is_applied(config.state) or config.requantization is not None or np.size(config.scale) != 1:
@@ -91,7 +89,7 @@ def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argu
               _float_stage(steps, second, second_activation, argument, opset)]
     if stages[0] is None or stages[1] is None:
         return None
-    data = depthwise.operation.config.input_quantization_config[0] if depthwise.operation.config else None
+    data = input_config(depthwise.operation, 0)
     if not (passes_through(data) or keeps_grid(data, stages[0][1])):
         return None   # the depthwise conv's input config would change the expanded values
     arguments = quantize_inputs(first.operation, arguments, first.inputs, grids)
@@ -129,7 +127,7 @@ def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, ar
     codes = conv_codes(first.operation, arguments, edges[0]), conv_codes(depthwise.operation, filters, edges[1])
     if codes[0] is None or codes[1] is None:
         return None
-    x = integer_codes(applied_root(first.operation.config.input_quantization_config[0]), arguments[0], on_grid=True)
+    x = integer_codes(applied_root(input_config(first.operation, 0)), arguments[0], on_grid=True)
     geometry = _geometry(depthwise, x.shape, codes[0].weight.shape[0], codes[1].weight, None, argument)
     out = expand_then_depthwise_codes(x, codes[0], codes[1], *geometry)
     return None if out is None else (out, output_grid(depthwise.operation))

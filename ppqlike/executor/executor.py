@@ -252,7 +252,7 @@ class NumpyExecutor:
                     _release(step, values)
                     continue
             if index in plan.chains and not hooks \
-                    and self._run_chain(plan, index, arguments, values, grids, fused_into):
+                    and self._run_chain(plan, index, arguments, values, grids, fused_into, runtime):
                 _release(step, values)
                 continue
             extra_pads = deferred_pads.get(step.inputs[0]) if deferred_pads and step.inputs else None
@@ -265,6 +265,7 @@ class NumpyExecutor:
             partner = plan.fusions.get(index) if not hooks else None
             clip = None    # a fused Relu/Clip the conv kernel applies itself, block by block
             edges = None   # or the integer kernel clamps to, on its output grid
+            bounds = None  # that Relu/Clip's, when the configs let it fuse
             if partner is not None and configs_let_fuse(operation, plan.steps[partner].operation):
                 activation = plan.steps[partner]
                 bounds = activation_bounds(activation.operation, self._bound_inputs(activation, values),
@@ -289,8 +290,6 @@ class NumpyExecutor:
                                                 and fusable(operation, plan.steps[partner].operation, results[0])):
                 activation = plan.steps[partner]
                 lies_on = output_grid(operation) if on_output_grid else None   # where the integer kernel put it
-                bounds = None if clip is not None else activation_bounds(
-                    activation.operation, self._bound_inputs(activation, values), self.graph.opset)
                 results = activate_in_place(activation.operation, activation.outputs, results[0], bounds, grids,
                                             lies_on, clipped=clip is not None, on_edges=on_edges)
                 fused_into[partner] = True
@@ -320,17 +319,17 @@ class NumpyExecutor:
     __call__ = forward
 
     def _run_chain(self, plan: _Plan, index: int, arguments: list, values: dict, grids: dict,
-                   fused_into: dict) -> bool:
+                   fused_into: dict, runtime: bool) -> bool:
         """Run the 1x1 Conv of step ``index`` and the depthwise Conv of its chain (``fusion.expand_chains``)
-        as one kernel, their Relu/Clips inside (``chains``); False (nothing done) when it does not apply."""
+        as one kernel, their Relu/Clips inside (``chains``; on integer codes when ``runtime``: the
+        integer kernels run); False (nothing done) when it does not apply."""
         chain = plan.chains[index]
         first_activation, pad, second, second_activation = chain
         if any(name is not None and name not in values and self.graph.variables[name].value is None
                for name in plan.steps[second].inputs[1:] + (plan.steps[pad].inputs[1:] if pad is not None else ())):
             return False   # an input not computed yet
         argument = lambda name: self._argument(name, values)   # noqa: E731
-        runner = run_integer_chain if self.runtime_kernels and wants_runtime_kernel(plan.steps[index].operation) \
-            else run_float_chain
+        runner = run_integer_chain if runtime else run_float_chain
         result = runner(chain, plan.steps, index, arguments, argument, grids, self.graph.opset)
         if result is None:
             return False

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core.ir import Operation
 from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS, VALUE_PRESERVING_TYPES
-from ..core.quant_graph import quantizes
+from ..core.quant_graph import input_config, output_config, quantizes
 from .integer_codes import Codes
 from .onnxruntime_kernels import wants_runtime_kernel
 from .simulation import keeps_grid, passes_through, quantize_inputs, quantize_outputs
@@ -115,11 +115,8 @@ def pad_folds(order: list, keep: set, opset: int) -> frozenset:
 def configs_let_fuse(producer: Operation, activation: Operation) -> bool:
     """Whether no quantization stands between ``producer``'s result and ``activation``'s input (an
     OVERLAPPED output config carrying an integer requantization does quantize: ``quantizes``)."""
-    output = producer.config.output_quantization_config[0] \
-        if producer.config is not None and producer.config.output_quantization_config else None
-    data = activation.config.input_quantization_config[0] \
-        if activation.config is not None and activation.config.input_quantization_config else None
-    return passes_through(output) and not quantizes(output, "output") and passes_through(data)
+    output = output_config(producer)
+    return passes_through(output) and not quantizes(output, "output") and passes_through(input_config(activation, 0))
 
 
 def fusable(producer: Operation, activation: Operation, value) -> bool:
@@ -152,8 +149,7 @@ def grid_edges(activation: Operation, bounds: tuple | None, lies_on: tuple | Non
     (quantization is monotone and leaves grid points in range unchanged), so one clip to these edges
     does both; None when that does not hold.
     """
-    output = activation.config.output_quantization_config[0] \
-        if activation.config is not None and activation.config.output_quantization_config else None
+    output = output_config(activation)
     low, high = (None, None) if bounds is None else bounds
     if lies_on is None or output is None or output.requantization is not None \
             or not keeps_grid(output, lies_on) or np.size(low) > 1 or np.size(high) > 1:

@@ -25,9 +25,10 @@ import numpy as np
 
 from ..core.ir import Operation
 from ..core.quant import TensorQuantizationConfig
+from ..core.quant_graph import input_config
 from .integer_codes import Codes, bias_codes, code_bound, integer_codes, largest_magnitude, per_tensor
-from .onnxruntime_kernels import (EXACT_F32, INT32, activation_fused, applied_root, channel_multiplier,
-                                  clamp_codes, product_bound, wrap_int32)
+from .onnxruntime_kernels import (EXACT_F32, activation_fused, applied_root, channel_multiplier, clamp_codes,
+                                  integer_configs, parameter_value, product_bound, split_bias, wrap_int32)
 from .ops._conv_channels_last import expand_then_depthwise
 from .simulation import grid_key
 
@@ -54,12 +55,12 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
     """``ConvCodes`` of a Conv marked for onnxruntime's kernel, from its weight and bias after their
     input configs (``arguments[1:]``); ``edges``: a fused Relu/Clip's (``fusion.grid_edges``).  None
     when the chain cannot compute it exactly in float32 (then the ops run one by one)."""
-    config = operation.config
-    configs = [applied_root(c) for c in config.input_quantization_config]
-    output = applied_root(config.output_quantization_config[0])
-    if output is None or not per_tensor(output) or np.asarray(output.scale).dtype != _F32 \
-            or output.num_of_bits > 8 or len(configs) < 2 or configs[0] is None or configs[1] is None \
-            or not per_tensor(configs[0]) or any(c is not None and c.num_of_bits > 8 for c in configs[:2]):
+    gate = integer_configs(operation)
+    if gate is None:
+        return None
+    output, configs = gate
+    if np.asarray(output.scale).dtype != _F32 or len(configs) < 2 or configs[0] is None or configs[1] is None \
+            or not per_tensor(configs[0]):
         return None
     if edges is None and activation_fused(operation):
         return None   # its activation is not folded into the clamp
@@ -68,8 +69,7 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
     if len(arguments) > 2 and arguments[2] is not None:
         if len(configs) < 3 or configs[2] is None:
             return None
-        variable = operation.inputs[2]
-        bias = bias_codes(configs[2], arguments[2], variable.value if variable.is_parameter else None)
+        bias = bias_codes(configs[2], arguments[2], parameter_value(operation, 2))
         if bias is None:
             return None
     if weight is None or weight.dtype != _F32 or np.size(configs[1].scale) not in (1, weight.shape[0]):
@@ -78,17 +78,15 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
     high, wide = None, np.zeros(0, np.int64)
     if bias is not None:
         bias = bias.reshape(-1)
-        if products + largest_magnitude(bias) >= EXACT_F32:   # "bias apart": h = float32(bias), l = bias - h
+        if products + largest_magnitude(bias) >= EXACT_F32:   # "bias apart": l in the GEMM/einsum, h after
             if products + 2.0 ** 8 >= EXACT_F32:
                 return None
-            high = bias.astype(_F32)
-            bias = bias - high.astype(np.float64)
-            wide = np.flatnonzero(np.abs(high.astype(np.float64) + bias) + products >= INT32)
+            bias, high, wide = split_bias(bias, products)
     multiplier = channel_multiplier(configs[0].scale, configs[1].scale, output.scale)
     multiplier = np.broadcast_to(multiplier, (weight.shape[0],)).astype(_F32)
     low, high_code = clamp_codes(output, edges)
-    return ConvCodes(weight, None if bias is None else bias.astype(_F32), high, wide, multiplier, low, high_code,
-                     output)
+    return ConvCodes(weight, None if bias is None else bias.astype(_F32, copy=False), high, wide, multiplier, low,
+                     high_code, output)
 
 
 def requantize_block(codes: ConvCodes, width: int):
@@ -130,5 +128,5 @@ def expand_then_depthwise_codes(x: np.ndarray, first: ConvCodes, second: ConvCod
 
 def input_on_grid(operation: Operation, key: tuple | None) -> bool:
     """Whether values on the grid ``key`` lie on the grid of ``operation``'s data input config."""
-    data = applied_root(operation.config.input_quantization_config[0])
+    data = applied_root(input_config(operation, 0))
     return key is not None and data is not None and grid_key(data) == key

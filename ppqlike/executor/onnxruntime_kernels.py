@@ -15,7 +15,8 @@ exported model stores them):
   float32 when max|x| * max_c sum|w| + max|bias| < 2^24 bounds every partial
   sum; a convolution whose products alone fit adds its bias apart: bias =
   h + l with h = float32(bias) and l small, acc + l exact in float32, then
-  one correctly rounded float32 addition of h; else all in float64); M = float32(float32(S_x * S_w) / S_y) per output channel;
+  one correctly rounded float32 addition of h; else all in float64);
+  M = float32(float32(S_x * S_w) / S_y) per output channel;
   q_y = clamp(rint(float32(acc) * M), qmin - z_y, qmax - z_y) + z_y
   (MLAS's requantization: a float32 product rounded half to even).
 * Add (QLinearAdd): with r_a = float32(S_a / S_y), r_b = float32(S_b / S_y)
@@ -203,7 +204,7 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
         return None  # a float bias (kept FP32) is not what QLinearConv computes
     integers = [integer_codes(data, arguments[0], on_grid[0]), integer_codes(weight, arguments[1], on_grid[1])]
     if len(arguments) > 2 and arguments[2] is not None:  # int32 codes: found in float64
-        integers.append(bias_codes(bias_config, arguments[2], _parameter_value(operation, 2)))
+        integers.append(bias_codes(bias_config, arguments[2], parameter_value(operation, 2)))
     if any(i is None for i in integers):
         return None
     largest_input = code_bound(data) if on_grid[0] else largest_magnitude(integers[0])
@@ -212,10 +213,8 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
     precision = _precision(operation, integers, products, total)
     bias = None
     if precision == "bias apart":   # the products exact in float32, the wide (saturated int32) bias not
-        wide_bias = integers[2].astype(np.float64).reshape(-1)
-        bias = wide_bias.astype(_F32)    # h, and the small rest l = bias - h in the kernel: acc + l exact
-        accumulator = kernel(integers[:2] + [(wide_bias - bias).astype(_F32)])[0]
-        wide = np.flatnonzero(np.abs(wide_bias) + products >= INT32)
+        rest, bias, wide = split_bias(integers[2], products)   # l in the kernel (acc + l exact), h after
+        accumulator = kernel(integers[:2] + [rest])[0]
         if wide.size:   # channels whose int32 sum may wrap: formed exactly in float64, wrapped, stored
             exact = accumulator[:, wide].astype(np.float64)
             exact += bias[wide].astype(np.float64).reshape((1, -1) + (1,) * (exact.ndim - 2))
@@ -232,11 +231,20 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
     if np.size(weight.scale) not in (1, accumulator.shape[axis]):
         return None
     multiplier = channel_multiplier(data.scale, weight.scale, output.scale)
-    return [_requantize(accumulator, multiplier, output, clamp=clamp or not activation_fused(operation), axis=axis, bias=bias,
-                        as_codes=as_codes)]
+    return [_requantize(accumulator, multiplier, output, clamp=clamp or not activation_fused(operation), axis=axis,
+                        bias=bias, as_codes=as_codes)]
 
 
-def _parameter_value(operation: Operation, index: int):
+def split_bias(bias: np.ndarray, products: float) -> tuple:
+    """A "bias apart" bias (integer codes per output channel): (l, h, wide) with h = float32(bias) and
+    l = bias - h (|l| <= 2^7), both float32, and the channels whose int32 sum with the products may wrap
+    around (|bias| + products >= 2^31)."""
+    bias = np.asarray(bias, np.float64).reshape(-1)
+    high = bias.astype(_F32)
+    return (bias - high).astype(_F32), high, np.flatnonzero(np.abs(bias) + products >= INT32)
+
+
+def parameter_value(operation: Operation, index: int):
     """The float value of the op's parameter input ``index`` as stored (before its config), or None."""
     variable = operation.inputs[index] if index < len(operation.inputs) else None
     return variable.value if variable is not None and variable.is_parameter else None
@@ -378,18 +386,30 @@ def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequen
     result is clamped in place of the config's range.  ``as_codes``: a result may
     come as ``integer_codes.Codes`` (the next integer kernel reads them as they are).
     """
-    config = operation.config
-    output = applied_root(config.output_quantization_config[0])
-    if output is None or not per_tensor(output) or output.state is QuantizationStates.BAKED:
+    gate = integer_configs(operation)
+    if gate is None:
         return None
-    configs = [applied_root(c) for c in config.input_quantization_config]  # each kernel checks the ones it needs
-    if output.num_of_bits > 8 or any(c is not None and c.num_of_bits > 8 for c in configs[:2]):
-        return None  # onnxruntime's integer kernels take 8-bit tensors; 16-bit QDQ groups run in float
+    output, configs = gate
     on_grid = [index < len(argument_grids) and config is not None and argument_grids[index] is not None
                and argument_grids[index] == grid_key(config) for index, config in enumerate(configs)]
     on_grid += [False] * (len(arguments) - len(on_grid))
     clamp = None if clamp_to is None else clamp_codes(output, clamp_to)
     return _KERNELS[operation.type](operation, kernel, list(arguments), configs, output, on_grid, clamp, as_codes)
+
+
+def integer_configs(operation: Operation) -> tuple | None:
+    """(output config, input configs) an integer kernel of ``operation`` computes with (the applied roots;
+    each kernel checks the inputs it needs), or None when onnxruntime's kernels do not apply: an output
+    not quantized per tensor, or baked, or an 8-bit kernel's first two inputs or output wider (16-bit QDQ
+    groups run in float)."""
+    config = operation.config
+    output = applied_root(config.output_quantization_config[0])
+    if output is None or not per_tensor(output) or output.state is QuantizationStates.BAKED:
+        return None
+    configs = [applied_root(c) for c in config.input_quantization_config]
+    if output.num_of_bits > 8 or any(c is not None and c.num_of_bits > 8 for c in configs[:2]):
+        return None
+    return output, configs
 
 
 def clamp_codes(output: TensorQuantizationConfig, edges: np.ndarray | None) -> tuple:

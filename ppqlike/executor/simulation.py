@@ -154,7 +154,7 @@ def _requantize_block(acc: np.ndarray, multiplier, shift, config: TensorQuantiza
     (below 2^24) and the float32 S is exact, so its float32 rounding is dequantize's float32 product.
     """
     offset = int(config.offset)
-    largest = max(float(acc.max(initial=0.0)), -float(acc.min(initial=0.0))) if acc.size else 0.0
+    largest = max(float(acc.max(initial=0.0)), -float(acc.min(initial=0.0)))
     bound = largest * float(np.max(np.abs(multiplier)))
     scale = np.asarray(config.scale)
     if bound >= 2.0 ** 53 or scale.dtype != np.float32 or scale.size != 1:
@@ -223,6 +223,7 @@ def quantize_inputs(operation: Operation, arguments: list, names: tuple = (), gr
                 continue
         quantized[index] = apply_config(tqc, value)
     return quantized
+
 
 def quantize_outputs(operation: Operation, results: list, names: tuple = (), grids: dict | None = None,
                      on_output_grid: bool = False, fresh: tuple = ()) -> list:
