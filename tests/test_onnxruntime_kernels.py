@@ -169,7 +169,7 @@ def _ort_qlinear(op_type, a, b, sa, za, sb, zb, sy, zy):
 @given(seed=st.integers(0, 2**31 - 1), ratios=st.sampled_from([(0.5, 0.5), (0.5, 0.25), (1.5, 0.5), None]))
 def test_qlinear_add_matches_onnxruntime_on_ties(seed, ratios):
     """Scales in simple ratios make exact .5 results common: the rounding order must be onnxruntime's."""
-    from ppqlike.executor.onnxruntime_kernels import qlinear_add
+    from ppqlike.executor.onnxruntime_elementwise import qlinear_add
     rng = np.random.default_rng(seed)
     a, b = (rng.integers(0, 256, (4, 32, 8, 8)).astype(np.uint8) for _ in range(2))
     sy = np.float32(rng.uniform(0.01, 0.1))
@@ -185,7 +185,7 @@ def test_qlinear_add_matches_onnxruntime_on_ties(seed, ratios):
 def test_qlinear_mul_matches_onnxruntime(seed, scalar, ratio):
     """onnxruntime's QLinearMul kernel, bit for bit, with vector and scalar second operands and scales in
     simple ratios (exact .5 results)."""
-    from ppqlike.executor.onnxruntime_kernels import qlinear_mul
+    from ppqlike.executor.onnxruntime_elementwise import qlinear_mul
     rng = np.random.default_rng(seed)
     a = rng.integers(0, 256, (4, 16, 24)).astype(np.uint8)
     b = rng.integers(0, 256, (1,) if scalar else (4, 16, 24)).astype(np.uint8)
@@ -201,10 +201,10 @@ def test_mul_of_a_layer_scale_runs_bit_for_bit(batch, tmp_path, monkeypatch):
     """A transformer-style layer scale (Mul by a constant per-channel vector, and by a scalar) between two
     MatMuls: onnxruntime fuses QLinearMul, the simulation computes it (on a large batch from a table of
     its results on every pair of codes, ``_pair_lookup``)."""
-    from ppqlike.executor import onnxruntime_kernels
+    from ppqlike.executor import onnxruntime_elementwise
     looked_up = []
-    original = onnxruntime_kernels._pair_lookup
-    monkeypatch.setattr(onnxruntime_kernels, "_pair_lookup",
+    original = onnxruntime_elementwise._pair_lookup
+    monkeypatch.setattr(onnxruntime_elementwise, "_pair_lookup",
                         lambda *arguments: looked_up.append(original(*arguments)) or looked_up[-1])
     rng = np.random.default_rng(5)
     initializers = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)

@@ -21,9 +21,9 @@ exported model stores them):
   (MLAS's requantization: a float32 product rounded half to even).
 * Add (QLinearAdd): with r_a = float32(S_a / S_y), r_b = float32(S_b / S_y)
   and f = z_y - (r_a z_a + r_b z_b), q_y = clamp(rint(fma(r_a, q_a,
-  fma(r_b, q_b, f)))) in float32 (see :func:`qlinear_add`).
+  fma(r_b, q_b, f)))) in float32 (see ``onnxruntime_elementwise.qlinear_add``).
 * Mul (QLinearMul): the int32 product p = (q_a - z_a)(q_b - z_b), r = float32(float32(S_a S_b) / S_y),
-  q_y = clamp(rint(float32(p) * r + z_y)) in float32, two roundings (see :func:`qlinear_mul`).
+  q_y = clamp(rint(float32(p) * r + z_y)) in float32, two roundings (see ``onnxruntime_elementwise.qlinear_mul``).
 * GlobalAveragePool (QLinearGlobalAveragePool): acc = sum (q_x - z_x) over
   the N spatial positions; M = float32(S_x / float32(S_y * N)); then as Conv.
 
@@ -49,21 +49,20 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.ir import Operation
-from ..core.layout import channel_view, empty_like_dense, flat_view, memory_axes, same_layout
+from ..core.layout import channel_view, memory_axes
 from ..core.numerics import along_channel_axis
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..core.quant_graph import awaits_master, overlapped_root
 from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
-from .integer_codes import (BLOCK, Codes, bias_codes, channel_chunks, code_bound, dequantize_codes, integer_codes,
-                            largest_magnitude, per_tensor, zero_point)
+from .integer_codes import (Codes, bias_codes, channel_chunks, code_bound, integer_codes, largest_magnitude,
+                            per_tensor, zero_point)
+from .onnxruntime_elementwise import qlinear_add_kernel, qlinear_mul_kernel
 from .simulation import grid_key
 
 RUNTIME_KERNEL = RUNTIME_KERNEL_ONNXRUNTIME
 LINEAR_TYPES = frozenset({"Conv", "MatMul", "Gemm"})
 SUPPORTED_TYPES = LINEAR_TYPES | {"Add", "Mul", "GlobalAveragePool"}
 _F32 = np.float32
-_TABLE_MIN = 1 << 16          # elements of a binary op's operands from which it reads a table of code pairs
-_TABLE_SIZE = 1 << 16         # the most code pairs such a table holds
 _REQUANTIZE_BLOCK = 1 << 17   # elements per block of a requantization: its 3-4 passes stay in L2 (measured
                               # on a 16 x 112 x 112 x 96 result: 17.2 ms at 2^15, 12.7 ms at 2^17)
 
@@ -250,111 +249,6 @@ def parameter_value(operation: Operation, index: int):
     return variable.value if variable is not None and variable.is_parameter else None
 
 
-def _fma(a, b, c) -> np.ndarray:
-    """float32(a * b + c) rounded once, as an FMA instruction computes it (float64 holds a float32 product exactly)."""
-    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(_F32)
-
-
-def qlinear_add(qa, qb, scale_a, zero_a, scale_b, zero_b, scale_y, zero_y, quant_min, quant_max) -> np.ndarray:
-    """onnxruntime's QLinearAdd on integers (MLAS, x86 with FMA), bit for bit.
-
-    r_a = S_a / S_y, r_b = S_b / S_y and the fixed part f = z_y - (r_a z_a + r_b z_b) in float32,
-    then y = fma(r_a, q_a, fma(r_b, q_b, f)), rounded half to even and clamped.  The order of the
-    fused multiply-adds decides exact ties (measured against onnxruntime on tie-heavy inputs).
-    """
-    ratio_a = _F32(_F32(scale_a) / _F32(scale_y))
-    ratio_b = _F32(_F32(scale_b) / _F32(scale_y))
-    fixed = _F32(_F32(zero_y) - _fma(ratio_a, _F32(zero_a), _F32(ratio_b * _F32(zero_b))))
-    value = _fma(ratio_a, np.asarray(qa, _F32), _fma(ratio_b, np.asarray(qb, _F32), fixed))
-    return np.clip(np.rint(value), quant_min, quant_max)
-
-
-def qlinear_mul(qa, qb, scale_a, zero_a, scale_b, zero_b, scale_y, zero_y, quant_min, quant_max) -> np.ndarray:
-    """onnxruntime's QLinearMul on integers (MLAS, its x86 SSE2 kernel), bit for bit.
-
-    The product (q_a - z_a)(q_b - z_b) is exact in int32 and in float32 (|p| <= 2^16); it is multiplied by
-    r = float32(float32(S_a * S_b) / S_y), then z_y is added (two float32 roundings, no FMA), rounded half to
-    even and clamped.
-    """
-    ratio = _F32(_F32(_F32(scale_a) * _F32(scale_b)) / _F32(scale_y))
-    product = ((np.asarray(qa, np.int64) - int(zero_a)) * (np.asarray(qb, np.int64) - int(zero_b))).astype(_F32)
-    value = (product * ratio).astype(_F32) + _F32(zero_y)
-    return np.clip(np.rint(value), quant_min, quant_max)
-
-
-def _binary(arithmetic: Callable, scalars: bool):
-    """The kernel of a binary elementwise op on two per-tensor quantized operands (``scalars``: whether a
-    one-element operand takes the same arithmetic inside onnxruntime)."""
-    def run(operation, kernel, arguments, configs, output, on_grid, clamp, as_codes):
-        if len(configs) < 2 or configs[0] is None or configs[1] is None:
-            return None
-        if not (per_tensor(configs[0]) and per_tensor(configs[1])):
-            return None
-        if not scalars and any(np.size(value) == 1 for value in arguments[:2]):
-            return None
-        integers = [integer_codes(config, value, known)
-                    for config, value, known in zip(configs[:2], arguments[:2], on_grid)]
-        if any(i is None for i in integers):
-            return None
-        (a, b), zeros = integers, [zero_point(config) for config in configs[:2]]
-        low, high = (output.quant_min, output.quant_max) if clamp is None else \
-            (clamp[0] + zero_point(output), clamp[1] + zero_point(output))
-
-        def compute(a, b):   # onnxruntime's codes, then S_y (q - z_y) as output.dequantize computes it
-            q = arithmetic(a + zeros[0], b + zeros[1], configs[0].scale, zeros[0], configs[1].scale, zeros[1],
-                           output.scale, zero_point(output), low, high)
-            q -= zero_point(output)
-            return q if codes else dequantize_codes(output, q)
-        codes = as_codes and np.asarray(output.scale).dtype == _F32 and per_tensor(output)
-        finish = (lambda q: Codes(q, output)) if codes else (lambda values: values)
-        if a.size + b.size >= _TABLE_MIN:
-            looked_up = _pair_lookup(compute, [c.quant_min - z for c, z in zip(configs, zeros)],
-                                     [c.quant_max - z for c, z in zip(configs, zeros)], a, b)
-            if looked_up is not None:
-                return [finish(looked_up)]
-        if not same_layout(a, b) or a.size <= BLOCK or memory_axes(a) is None:
-            return [finish(compute(a, b))]
-        out = empty_like_dense(a, _F32)   # elementwise: block by block, the float64 temporaries in cache
-        flat_a, flat_b, flat_out = flat_view(a), flat_view(b), flat_view(out)
-        for start in range(0, flat_a.size, BLOCK):
-            flat_out[start:start + BLOCK] = compute(flat_a[start:start + BLOCK], flat_b[start:start + BLOCK])
-        return [finish(out)]
-    return run
-
-
-def _pair_lookup(compute: Callable, lows: list, highs: list, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-    """``compute(a, b)`` (elementwise, on codes a in [lows[0], highs[0]] and b in [lows[1], highs[1]]) read
-    from a table of its results on every pair of codes: 8-bit codes have at most 2^16 pairs, and a few
-    float32 passes to index the table replace the float64 arithmetic on every element.  None when the
-    codes are wider or some code lies outside its range."""
-    width = highs[1] - lows[1] + 1
-    if (highs[0] - lows[0] + 1) * width > _TABLE_SIZE:
-        return None
-    table = compute(np.arange(lows[0], highs[0] + 1, dtype=_F32)[:, None],
-                    np.arange(lows[1], highs[1] + 1, dtype=_F32)[None, :]).reshape(-1)
-    shape = np.broadcast_shapes(a.shape, b.shape)
-    if not shape:
-        return None
-    big = a if a.shape == shape else b if b.shape == shape else None
-    out = empty_like_dense(big, _F32) if big is not None and memory_axes(big) is not None else np.empty(shape, _F32)
-    a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
-    step = max(1, _TABLE_MIN // max(1, int(np.prod(shape[1:]))))   # blocks along the first axis, in cache
-    offset = _F32(lows[0] * width + lows[1])
-    for start in range(0, shape[0], step):
-        rows = slice(start, start + step)
-        index = np.multiply(a[rows], _F32(width))   # (a - low_a) * width + (b - low_b), exact in float32
-        index += b[rows]
-        index -= offset
-        if index.size and not (float(index.min()) >= 0 and float(index.max()) < table.size):
-            return None
-        np.take(table, index.astype(np.int32), out=out[rows])
-    return out
-
-
-_add = _binary(qlinear_add, scalars=False)  # a scalar operand takes another path inside QLinearAdd
-_mul = _binary(qlinear_mul, scalars=True)   # QLinearMul's scalar path computes the same
-
-
 def _global_average_pool(operation, kernel, arguments, configs, output, on_grid, clamp, as_codes):
     data = configs[0]
     if data is None or not per_tensor(data):
@@ -368,8 +262,8 @@ def _global_average_pool(operation, kernel, arguments, configs, output, on_grid,
     return [_requantize(accumulator, multiplier, output, clamp=clamp or True, as_codes=as_codes)]
 
 
-_KERNELS: dict[str, Callable] = {"Conv": _linear, "MatMul": _linear, "Gemm": _linear, "Add": _add,
-                                 "Mul": _mul, "GlobalAveragePool": _global_average_pool}
+_KERNELS: dict[str, Callable] = {"Conv": _linear, "MatMul": _linear, "Gemm": _linear, "Add": qlinear_add_kernel,
+                                 "Mul": qlinear_mul_kernel, "GlobalAveragePool": _global_average_pool}
 
 
 def run_runtime_kernel(operation: Operation, kernel: Callable, arguments: Sequence,
