@@ -114,15 +114,18 @@ def _single_conv(tmp_path, weight, bias, size, calibration, **attributes):
     return quantized, onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
 
 
-def _recorded(monkeypatch, name: str) -> list:
-    """What ``onnxruntime_kernels.<name>`` returns, call after call, from now on."""
-    from ppqlike.executor import onnxruntime_kernels
-    calls, original = [], getattr(onnxruntime_kernels, name)
+def _recorded(monkeypatch, name: str, module=None, record=None) -> list:
+    """What ``<module>.<name>`` (default: ``onnxruntime_kernels``) returns, call after call, from now on;
+    ``record(arguments, result)``: what to keep of each call instead."""
+    if module is None:
+        from ppqlike.executor import onnxruntime_kernels as module
+    calls, original = [], getattr(module, name)
 
     def spy(*arguments):
-        calls.append(original(*arguments))
-        return calls[-1]
-    monkeypatch.setattr(onnxruntime_kernels, name, spy)
+        result = original(*arguments)
+        calls.append(result if record is None else record(arguments, result))
+        return result
+    monkeypatch.setattr(module, name, spy)
     return calls
 
 
@@ -202,10 +205,7 @@ def test_mul_of_a_layer_scale_runs_bit_for_bit(batch, tmp_path, monkeypatch):
     MatMuls: onnxruntime fuses QLinearMul, the simulation computes it (on a large batch from a table of
     its results on every pair of codes, ``_pair_lookup``)."""
     from ppqlike.executor import onnxruntime_elementwise
-    looked_up = []
-    original = onnxruntime_elementwise._pair_lookup
-    monkeypatch.setattr(onnxruntime_elementwise, "_pair_lookup",
-                        lambda *arguments: looked_up.append(original(*arguments)) or looked_up[-1])
+    looked_up = _recorded(monkeypatch, "_pair_lookup", onnxruntime_elementwise)
     rng = np.random.default_rng(5)
     initializers = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
                     for name, shape in (("w1", (16, 16)), ("gamma", (16,)), ("w2", (16, 8)))]
@@ -338,15 +338,11 @@ def test_integer_expansion_chain_runs_bit_for_bit(seed, saturated, tmp_path_fact
         step = graph.operations["expand"]
         codes = _chain_codes(step, graph)
         assert codes.bias_high is not None and codes.wide.size
-    ran = []
-    original = chains_module.expand_then_depthwise_codes
-    chains_module.expand_then_depthwise_codes = lambda *arguments: ran.append(original(*arguments)) or ran[-1]
     x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32) * 2
     executor = NumpyExecutor(graph)
-    try:
+    with pytest.MonkeyPatch.context() as patch:   # hypothesis: no function-scoped fixture
+        ran = _recorded(patch, "expand_then_depthwise_codes", chains_module)
         chained = executor.forward(x)[0]
-    finally:
-        chains_module.expand_then_depthwise_codes = original
     assert len(ran) == 1 and ran[0] is not None
     np.testing.assert_array_equal(chained, run_qdq_model(model, {"x": x})[0])
     np.testing.assert_array_equal(chained, executor.forward(x, hooks=[OperationHook()])[0])
@@ -360,7 +356,7 @@ def _chain_codes(operation, graph):
 
 
 @pytest.mark.parametrize("platform, runtime_kernels", [("TRT_INT8", True), ("ORT_INT8", False)])
-def test_fake_quantized_expansion_chain_runs_as_one_kernel(platform, runtime_kernels, tmp_path):
+def test_fake_quantized_expansion_chain_runs_as_one_kernel(platform, runtime_kernels, tmp_path, monkeypatch):
     """Where the convs run float kernels (TensorRT-style fake quantization, or onnxruntime's QDQ
     semantics), the chain runs ``expand_then_depthwise`` with each block clipped and fake-quantized in
     cache; equal to the ops run one by one bit for bit, and close to onnxruntime running the QDQ
@@ -372,15 +368,10 @@ def test_fake_quantized_expansion_chain_runs_as_one_kernel(platform, runtime_ker
     calibration = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) * 2 for _ in range(2)]
     graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform=platform)
     model = onnx.load(api.export_ppq_graph(graph, platform, tmp_path / "q.onnx")[0])
-    ran = []
-    original = chains_module.expand_then_depthwise
-    chains_module.expand_then_depthwise = lambda *arguments: ran.append(original(*arguments)) or ran[-1]
+    ran = _recorded(monkeypatch, "expand_then_depthwise", chains_module)
     x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32) * 2
     executor = NumpyExecutor(graph, runtime_kernels=runtime_kernels)
-    try:
-        chained = executor.forward(x)[0]
-    finally:
-        chains_module.expand_then_depthwise = original
+    chained = executor.forward(x)[0]
     assert len(ran) == 1 and ran[0] is not None
     np.testing.assert_array_equal(chained, executor.forward(x, hooks=[OperationHook()])[0])
     step = float(graph.operations["gap"].config.output_quantization_config[0].scale)
@@ -431,28 +422,28 @@ def _fire_model(seed: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-def test_ops_that_move_values_move_codes(tmp_path):
+def _moved_codes(monkeypatch) -> list:
+    """(op type, ``fusion.run_on_codes``'s result) of every op the executor tries to run on codes."""
+    from ppqlike.executor import executor as executor_module
+    return _recorded(monkeypatch, "run_on_codes", executor_module,
+                     record=lambda arguments, result: (arguments[0].type, result))
+
+
+def test_ops_that_move_values_move_codes(tmp_path, monkeypatch):
     """MaxPool, Concat (inputs on one grid) and Flatten between integer kernels run on the codes
     (``fusion.run_on_codes``): equal to onnxruntime and to the hooked run bit for bit, intermediate
     values included."""
     from ppqlike.executor import OperationHook
-    from ppqlike.executor import executor as executor_module
     rng = np.random.default_rng(4)
     onnx.save(_fire_model(4), tmp_path / "m.onnx")
     calibration = [rng.standard_normal((8, 3, 17, 17)).astype(np.float32) * 2 for _ in range(2)]
     graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
     model = onnx.load(api.export_ppq_graph(graph, "ORT_INT8", tmp_path / "q.onnx")[0])
-    moved = []
-    original = executor_module.run_on_codes
-    executor_module.run_on_codes = lambda operation, *rest: moved.append(
-        (operation.type, original(operation, *rest))) or moved[-1][1]
+    moved = _moved_codes(monkeypatch)
     x = rng.standard_normal((4, 3, 17, 17)).astype(np.float32) * 2
     executor = NumpyExecutor(graph)
     names = ["p1", "cat", "y"]
-    try:
-        plain = executor.forward(x, output_names=names)
-    finally:
-        executor_module.run_on_codes = original
+    plain = executor.forward(x, output_names=names)
     assert sorted(kind for kind, result in moved if result is not None) == ["Concat", "Flatten", "MaxPool"]
     hooked = executor.forward(x, output_names=names, hooks=[OperationHook()])
     for name, a, b in zip(names, plain, hooked):
@@ -460,12 +451,11 @@ def test_ops_that_move_values_move_codes(tmp_path):
     np.testing.assert_array_equal(plain[-1], run_qdq_model(model, {"x": x})[0])
 
 
-def test_codes_move_through_reshape_read_by_shape(tmp_path):
+def test_codes_move_through_reshape_read_by_shape(tmp_path, monkeypatch):
     """A transformer's Reshape takes its target shape from a Shape of the value it reshapes: the Shape
     reads the codes' shape, the Reshape and Transpose move codes, the float inputs reach the integer
     kernels as codes (``quantize_inputs(as_codes=True)``); bit for bit with onnxruntime and the hooked run."""
     from ppqlike.executor import OperationHook
-    from ppqlike.executor import executor as executor_module
     rng = np.random.default_rng(8)
     weight = _weight_maker(rng)
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
@@ -482,16 +472,10 @@ def test_codes_move_through_reshape_read_by_shape(tmp_path):
     calibration = [rng.standard_normal((64, 6, 16)).astype(np.float32) for _ in range(2)]
     quantized = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
     model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
-    moved = []
-    original = executor_module.run_on_codes
-    executor_module.run_on_codes = lambda operation, *rest: moved.append(
-        (operation.type, original(operation, *rest))) or moved[-1][1]
+    moved = _moved_codes(monkeypatch)
     x = rng.standard_normal((1024, 6, 16)).astype(np.float32)
     executor = NumpyExecutor(quantized)
-    try:
-        plain = executor.forward(x)[0]
-    finally:
-        executor_module.run_on_codes = original
+    plain = executor.forward(x)[0]
     assert sorted(kind for kind, result in moved if result is not None) == ["Reshape", "Transpose"]
     np.testing.assert_array_equal(plain, executor.forward(x, hooks=[OperationHook()])[0])
     np.testing.assert_array_equal(plain, run_qdq_model(model, {"x": x})[0])
