@@ -32,7 +32,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ._conv_depthwise import same_geometry
-from ._threads import num_threads, parallel, split_evenly
+from ._threads import parallel_items
 
 _ROWS_BLOCK = 1 << 19       # output elements per block of a depthwise convolution: few, long numpy calls
                             # (each costs ~10 us and a hand-over of the GIL between the kernel threads)
@@ -40,7 +40,6 @@ _POINTWISE_BLOCK = 1 << 18  # output elements per GEMM of a 1x1 convolution
 _POINTWISE_GROUPS = 8       # a 1x1 convolution of a batch is cut into at least this many GEMMs (fewer
                             # images): the kernel threads get balanced work on small maps.  A constant, not
                             # the thread count: OpenBLAS's sums depend on the cuts, results must not
-_JOBS_PER_THREAD = 4        # jobs per kernel thread: a thread slowed by another process holds up less
 _WINDOWS_MIN_CHANNELS = 64  # another geometry runs channels-last (one einsum per image) from this many
 _WINDOWS_MAX_MAP = 60 * 60  # channels, on maps of at most this many positions
 
@@ -79,12 +78,11 @@ def pointwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dtype, epilogu
     target = out.reshape(n, h * wd, co)
     groups = gemm.groups(n)
 
-    def run(part):
-        inputs = gemm.inputs()
-        for i0, i1 in groups[part[0]:part[1]]:
-            gemm.run(source[i0:i1].reshape(-1, ci), target[i0:i1].reshape(-1, co), inputs, epilogue)
+    def run(group, inputs):
+        i0, i1 = groups[group]
+        gemm.run(source[i0:i1].reshape(-1, ci), target[i0:i1].reshape(-1, co), inputs, epilogue)
 
-    parallel(run, split_evenly(len(groups), _JOBS_PER_THREAD * num_threads()))
+    parallel_items(run, len(groups), gemm.inputs)
     return out.transpose(0, 3, 1, 2)
 
 
@@ -152,21 +150,18 @@ def expand_then_depthwise(x: np.ndarray, expand: tuple, depthwise: tuple, pads, 
     source = x.transpose(0, 2, 3, 1).reshape(n, h * wd, ci)
     out = np.empty((n, ho, wo, co), dtype)
     groups = gemm.groups(n)
-    finite = []
+    totals = np.zeros(len(groups))
 
-    def run(part):
-        space, inputs = plan.workspace(), gemm.inputs()
-        expanded = np.empty((gemm.images, h, wd, co), dtype)
-        total = 0.0
-        for i0, i1 in groups[part[0]:part[1]]:
-            gemm.run(source[i0:i1].reshape(-1, ci), expanded[:i1 - i0].reshape(-1, co), inputs, epilogue1)
-            for image in range(i0, i1):
-                plan.fill(space, expanded[image - i0])
-                total += plan.compute(space, out[image].reshape(ho, plan.row), epilogue2)
-        finite.append(np.isfinite(total))
+    def run(group, local):
+        space, inputs, expanded = local
+        i0, i1 = groups[group]
+        gemm.run(source[i0:i1].reshape(-1, ci), expanded[:i1 - i0].reshape(-1, co), inputs, epilogue1)
+        for image in range(i0, i1):
+            plan.fill(space, expanded[image - i0])
+            totals[group] += plan.compute(space, out[image].reshape(ho, plan.row), epilogue2)
 
-    parallel(run, split_evenly(len(groups), _JOBS_PER_THREAD * num_threads()))
-    return out.transpose(0, 3, 1, 2) if all(finite) else None
+    parallel_items(run, len(groups), lambda: (plan.workspace(), gemm.inputs(), np.empty((gemm.images, h, wd, co), dtype)))
+    return out.transpose(0, 3, 1, 2) if np.isfinite(totals).all() else None
 
 
 # ---------------------------------------------------------------- depthwise --
@@ -307,18 +302,14 @@ def _depthwise_phases(x, w, b, pads, strides, dilations, dtype, epilogue):
     n, c, h, wd = x.shape
     plan = _TapGroups(c, h, wd, w, b, pads, strides, dilations, dtype)
     out = np.empty((n, plan.ho, plan.wo, c), dtype)
-    finite = []
+    totals = np.zeros(n)
 
-    def run(images):
-        space = plan.workspace()
-        total = 0.0
-        for image in range(*images):
-            plan.fill(space, x[image].transpose(1, 2, 0))                # [H, W, C], a view
-            total += plan.compute(space, out[image].reshape(plan.ho, plan.row), epilogue)
-        finite.append(np.isfinite(total))
+    def run(image, space):
+        plan.fill(space, x[image].transpose(1, 2, 0))                # [H, W, C], a view
+        totals[image] = plan.compute(space, out[image].reshape(plan.ho, plan.row), epilogue)
 
-    parallel(run, split_evenly(n, _JOBS_PER_THREAD * num_threads()))
-    return out.transpose(0, 3, 1, 2) if all(finite) else None
+    parallel_items(run, n, plan.workspace)
+    return out.transpose(0, 3, 1, 2) if np.isfinite(totals).all() else None
 
 
 def _depthwise_windows(x, w, b, pads, strides, dilations, dtype, ho, wo, epilogue):
@@ -334,15 +325,17 @@ def _depthwise_windows(x, w, b, pads, strides, dilations, dtype, ho, wo, epilogu
     if out.size == 0:
         return out.transpose(0, 3, 1, 2)
 
-    def run(images):
+    def workspace():
         padded = np.zeros((h + pt + pb, wd + pl + pr, c), dtype)
         rows, cols, channels = padded.strides
-        windows = as_strided(padded, shape=(ho, wo, kh, kw, c),
-                             strides=(rows * sh, cols * sw, rows * dh, cols * dw, channels))
-        for image in range(*images):
-            padded[pt:pt + h, pl:pl + wd] = x[image].transpose(1, 2, 0)
-            np.einsum("hwijc,ijc->hwc", windows, taps, out=out[image])
-            finish(out[image], bias, epilogue)
+        return padded, as_strided(padded, shape=(ho, wo, kh, kw, c),
+                                  strides=(rows * sh, cols * sw, rows * dh, cols * dw, channels))
 
-    parallel(run, split_evenly(n, _JOBS_PER_THREAD * num_threads()))
+    def run(image, space):
+        padded, windows = space
+        padded[pt:pt + h, pl:pl + wd] = x[image].transpose(1, 2, 0)
+        np.einsum("hwijc,ijc->hwc", windows, taps, out=out[image])
+        finish(out[image], bias, epilogue)
+
+    parallel_items(run, n, workspace)
     return out.transpose(0, 3, 1, 2)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
-from ._threads import num_threads, parallel, split_evenly
+from ._threads import num_threads, parallel, parallel_items, split_evenly
 
 _ONE_GEMM_BELOW = 100     # H*W below which a 1x1 convolution is one GEMM over the whole batch
 
@@ -140,52 +140,52 @@ def im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, di
     if b is not None:
         wmats[:, :, k] = b.reshape(group, cog)
     itemsize = np.dtype(dtype).itemsize
-    step = max(1, min(n, _PATCH_BYTES // max(kb * positions * itemsize, 1)))
+    step = max(1, min(-(-n // (2 * num_threads())), _PATCH_BYTES // max(kb * positions * itemsize, 1)))   # images a chunk
     padded = bool(pt or pl or pb or pr) or channels_last
     out3 = out.reshape(n, co, positions)
 
-    def run(images):
-        n0, n1 = images
-        m_max = min(step, n1 - n0)
+    chunks = [(c0, min(n, c0 + step)) for c0 in range(0, n, step)]
+
+    def workspace():
         if channels_last:
-            xp = np.zeros((m_max, hp, wp, ci), dtype)
-            patches = np.empty((m_max, positions, kb), dtype)
+            xp = np.zeros((step, hp, wp, ci), dtype)
+            patches = np.empty((step, positions, kb), dtype)
             if b is not None:
                 patches[:, :, k] = 1
-            pstr = patches.strides
         else:
-            xp = np.zeros((m_max, ci, hp, wp), dtype) if padded else None
-            patches = np.empty((m_max, kb, positions), dtype)
+            xp = np.zeros((step, ci, hp, wp), dtype) if padded else None
+            patches = np.empty((step, kb, positions), dtype)
             if b is not None:
                 patches[:, k] = 1
-            pstr = patches.strides
-        for c0 in range(n0, n1, step):
-            c1 = min(n1, c0 + step)
-            m = c1 - c0
-            if channels_last:
-                xp[:m, pt:pt + h, pl:pl + wd, :] = x[c0:c1].transpose(0, 2, 3, 1)
-                windows = sliding_window_view(xp[:m], (eh, ew), axis=(1, 2))[:, ::sh, ::sw, :, ::dh, ::dw]
-                windows = windows[:, :ho, :wo].transpose(0, 1, 2, 4, 5, 3)   # [m, ho, wo, kh, kw, C]
-                target = _view(patches, (m, ho, wo, kh, kw, cg),
-                               (pstr[0], wo * pstr[1], pstr[1], kw * cg * itemsize, cg * itemsize, itemsize))
-                for g in range(group):
-                    target[...] = windows[..., g * cg:(g + 1) * cg]
-                    np.matmul(wmats[g], patches[:m].transpose(0, 2, 1), out=out3[c0:c1, g * cog:(g + 1) * cog])
-            else:
-                if padded:
-                    xp[:m, :, pt:pt + h, pl:pl + wd] = x[c0:c1]
-                    source = xp[:m]
-                else:
-                    source = x[c0:c1]
-                windows = sliding_window_view(source, (eh, ew), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
-                windows = windows[:, :, :ho, :wo].transpose(0, 1, 4, 5, 2, 3)  # [m, C, kh, kw, ho, wo]
-                target = _view(patches, (m, cg, kh, kw, ho, wo),
-                               (pstr[0], kh * kw * pstr[1], kw * pstr[1], pstr[1], wo * itemsize, itemsize))
-                for g in range(group):
-                    target[...] = windows[:, g * cg:(g + 1) * cg]
-                    np.matmul(wmats[g], patches[:m], out=out3[c0:c1, g * cog:(g + 1) * cog])
-            if epilogue is not None:
-                epilogue(out3[c0:c1])
+        return xp, patches
 
-    parallel(run, split_evenly(n, num_threads()))
+    def run(chunk, space):
+        (c0, c1), (xp, patches) = chunks[chunk], space
+        m, pstr = c1 - c0, patches.strides
+        if channels_last:
+            xp[:m, pt:pt + h, pl:pl + wd, :] = x[c0:c1].transpose(0, 2, 3, 1)
+            windows = sliding_window_view(xp[:m], (eh, ew), axis=(1, 2))[:, ::sh, ::sw, :, ::dh, ::dw]
+            windows = windows[:, :ho, :wo].transpose(0, 1, 2, 4, 5, 3)   # [m, ho, wo, kh, kw, C]
+            target = _view(patches, (m, ho, wo, kh, kw, cg),
+                           (pstr[0], wo * pstr[1], pstr[1], kw * cg * itemsize, cg * itemsize, itemsize))
+            for g in range(group):
+                target[...] = windows[..., g * cg:(g + 1) * cg]
+                np.matmul(wmats[g], patches[:m].transpose(0, 2, 1), out=out3[c0:c1, g * cog:(g + 1) * cog])
+        else:
+            if padded:
+                xp[:m, :, pt:pt + h, pl:pl + wd] = x[c0:c1]
+                source = xp[:m]
+            else:
+                source = x[c0:c1]
+            windows = sliding_window_view(source, (eh, ew), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
+            windows = windows[:, :, :ho, :wo].transpose(0, 1, 4, 5, 2, 3)  # [m, C, kh, kw, ho, wo]
+            target = _view(patches, (m, cg, kh, kw, ho, wo),
+                           (pstr[0], kh * kw * pstr[1], kw * pstr[1], pstr[1], wo * itemsize, itemsize))
+            for g in range(group):
+                target[...] = windows[:, g * cg:(g + 1) * cg]
+                np.matmul(wmats[g], patches[:m], out=out3[c0:c1, g * cog:(g + 1) * cog])
+        if epilogue is not None:
+            epilogue(out3[c0:c1])
+
+    parallel_items(run, len(chunks), workspace)
     return out

@@ -65,12 +65,23 @@ def parallel(function, jobs) -> None:
 
 
 def parallel_over(function, items, threads: int | None = None) -> None:
-    """Call ``function(item)`` for every item of the sequence ``items``: contiguous runs of them, one
-    per thread (``threads``, default: the kernel threads), each run worked through in order."""
-    def run(part):
-        for item in items[part[0]:part[1]]:
-            function(item)
-    parallel(run, split_evenly(len(items), num_threads() if threads is None else threads))
+    """Call ``function(item)`` for every item of the sequence ``items`` on ``threads`` threads (default: the
+    kernel threads), each taking the next item whenever it is free (``parallel_items``)."""
+    parallel_items(lambda index, _: function(items[index]), len(items), threads=threads)
+
+
+def parallel_items(function, count: int, state=None, threads: int | None = None) -> None:
+    """Call ``function(item, local)`` for every item of ``range(count)``: each of ``threads`` threads (default:
+    the kernel threads) takes the next item whenever it is free (so they finish within one item of each
+    other), with ``local`` made once per thread by ``state()`` (a workspace; None without ``state``).
+    Which thread takes an item must not change what the item computes."""
+    items = iter(range(count))   # a range iterator's next() is atomic under the GIL
+
+    def work(_):
+        local = None if state is None else state()
+        for item in items:
+            function(item, local)
+    parallel(work, range(max(1, min(num_threads() if threads is None else threads, count))))
 
 
 def split_evenly(count: int, parts: int) -> list[tuple[int, int]]:
