@@ -9,14 +9,16 @@ transposes a conv stack would otherwise pay at each layer:
 * ``pointwise`` - 1x1: one GEMM ``X[rows, Ci] @ W[Ci, Co]`` per group of
   whole images, the groups on the kernel threads.
 * ``depthwise`` - one filter per channel.  When the output grid is the input's
-  stride-phase grid ("same" padding, H and W multiples of the stride) every
-  tap is a constant shift of a flat phase buffer, so a whole group of taps is
-  one ``einsum`` over rows of ``W * C`` contiguous elements (numpy's fused
-  multiply-add loop, one pass per tap; the shifted reads that wrap into the
-  neighbouring row are cancelled by zeros in the per-column weights, rows
-  beyond the border read zero margins).  MobileNetV2's 112x112x32 layer: 3.2 ms
-  an image with a per-position einsum, 1.0 ms this way.  Other geometries:
-  one einsum per image over a zero-padded copy.
+  stride-phase grid ("same" padding, H and W multiples of the stride) the
+  image is copied into a flat buffer, each row split into its column stride
+  phases; every tap of a column phase is a constant shift of that buffer, so
+  all taps of a phase are one ``einsum`` over output rows of ``Wo * C``
+  contiguous elements (numpy's fused multiply-add loop, one pass per tap; the
+  shifted reads that wrap into the neighbouring row are cancelled by zeros in
+  the per-column weights, rows beyond the border read zero margins).
+  MobileNetV2's 112x112x32 layer: 3.2 ms an image with a per-position einsum,
+  1.0 ms this way.  Other geometries: one einsum per image over a zero-padded
+  copy.
 * ``expand_then_depthwise`` - a 1x1 convolution and the depthwise one reading
   its result, a group of images at a time, so that the expanded activation
   never goes to memory whole (MobileNetV2's 16 of them: 258 -> 229 ms a batch).
@@ -130,7 +132,7 @@ class _Gemm:
 def expand_then_depthwise(x: np.ndarray, expand: tuple, depthwise: tuple, pads, strides, dilations):
     """A 1x1 convolution and the depthwise convolution reading its result, a group of images at a time:
     the 1x1's GEMM writes into a buffer of the thread, from which each image goes into the depthwise
-    convolution's phase buffers, so the (large) expanded activation never goes to memory whole.
+    convolution's buffer, so the (large) expanded activation never goes to memory whole.
     ``expand`` / ``depthwise``: (weight, bias or None, epilogue or None) of each.  ``x`` channels-last
     float32; the depthwise geometry must be "same" (see the module).  Returns the depthwise result
     channels-last, equal bit for bit to the two convolutions run one after the other (the same GEMMs, the
@@ -213,70 +215,73 @@ def _tap_groups(kernel: int, stride: int, dilation: int, pad: int):
 
 class _TapGroups:
     """A depthwise convolution whose output grid is its input's phase grid, as groups of taps (see the
-    module): the groups' per-column weights, and per thread a zero-margined phase buffer with the
-    strided views every block of output rows reads."""
+    module): the groups' per-column weights, and per thread a zero-margined buffer with the strided views
+    every block of output rows reads.
+
+    The buffer holds the image's rows whole, each row its column stride phases side by side ([H, sw, wo,
+    C]): every tap of a column phase is then a constant shift of the buffer, the kernel's rows included
+    (output row i reads input row i * sh + a * dh - pad for row tap a), so one group per column phase (one
+    with stride 1, two with stride 2) holds all the row taps."""
 
     def __init__(self, c, h, wd, w, b, pads, strides, dilations, dtype):
         kh, kw = w.shape[2], w.shape[3]
         (sh, sw), (dh, dw) = strides, dilations
         ho, wo = h // sh, wd // sw
-        row = wo * c
-        rows_groups = _tap_groups(kh, sh, dh, pads[0])
-        cols_groups = _tap_groups(kw, sw, dw, pads[1])
-        reach = max(abs(s) for _, first, step, taps in rows_groups for s in (first, first + step * (len(taps) - 1)))
-        reach_cols = max(abs(s) for _, first, step, taps in cols_groups
-                         for s in (first, first + step * (len(taps) - 1)))
+        row, line = wo * c, wd * c   # an output row, an input row (its sw phases)
         filters = w.reshape(c, kh, kw).astype(dtype, copy=False)
         columns = np.arange(wo)
-        groups = []   # (phase index, row shift, row step, column shift, column step, weights [ta, tb, row])
-        for pa, di, ddi, row_taps in rows_groups:
-            for pb, dj, ddj, col_taps in cols_groups:
-                weights = np.empty((len(row_taps), len(col_taps), wo, c), dtype)
-                for ib, bb in enumerate(col_taps):
-                    shift = dj + ib * ddj
-                    inside = ((columns + shift >= 0) & (columns + shift < wo)).astype(dtype)
-                    for ia, a in enumerate(row_taps):
-                        np.multiply(inside[:, None], filters[:, a, bb], out=weights[ia, ib])
-                groups.append((pa * sw + pb, di, ddi, dj, ddj, weights.reshape(len(row_taps), len(col_taps), row)))
-        groups.sort(key=lambda g: -g[5].shape[0] * g[5].shape[1])   # the largest group writes the block first
+        groups = []   # (offset of the first tap, row step, column step, weights [kh, tb, row])
+        for pb, dj, ddj, col_taps in _tap_groups(kw, sw, dw, pads[1]):
+            weights = np.empty((kh, len(col_taps), wo, c), dtype)
+            for ib, bb in enumerate(col_taps):
+                shift = dj + ib * ddj
+                inside = ((columns + shift >= 0) & (columns + shift < wo)).astype(dtype)
+                for a in range(kh):
+                    np.multiply(inside[:, None], filters[:, a, bb], out=weights[a, ib])
+            groups.append((-pads[0] * line + pb * row + dj * c, dh * line, ddj * c,
+                           weights.reshape(kh, len(col_taps), row)))
+        groups.sort(key=lambda g: -g[3].shape[1])   # the largest group writes the block first
+        lowest = min(offset for offset, *_ in groups)   # the first and one past the last element read
+        highest = max(offset + (kh - 1) * row_step + (weights.shape[1] - 1) * column_step + (ho - 1) * sh * line + row
+                      for offset, row_step, column_step, weights in groups)
         self.groups, self.dtype, self.c, self.strides = groups, dtype, c, (sh, sw)
-        self.ho, self.wo, self.row = ho, wo, row
-        self.margin = (reach + 1) * row + reach_cols * c
+        self.h, self.ho, self.wo, self.row, self.line = h, ho, wo, row, line
+        self.margin = max(0, -lowest, highest - h * line)
         self.bias = None if b is None else np.tile(b.astype(dtype, copy=False), wo)   # one output row's worth
         self.step = _rows_per_block(row)
 
     def workspace(self) -> tuple:
-        """(phase buffers [sh, sw, ho, wo, c], blocks, scratch) of one thread; blocks: per block of output
-        rows (r0, r1, [(taps view, spread weights) per group])."""
-        margin, row, c, itemsize = self.margin, self.row, self.c, np.dtype(self.dtype).itemsize
-        (sh, sw), plane = self.strides, self.ho * self.row
-        buffer = np.zeros((sh * sw, margin + plane + margin), self.dtype)
+        """(the image's rows [H, sw, wo, C] in the buffer, blocks, scratch) of one thread; blocks: per block
+        of output rows (r0, r1, [(taps view, spread weights) per group])."""
+        margin, row, line, itemsize = self.margin, self.row, self.line, np.dtype(self.dtype).itemsize
+        sh, sw = self.strides
+        buffer = np.zeros(margin + self.h * line + margin, self.dtype)
         blocks = []
         for r0 in range(0, self.ho, self.step):
             r1 = min(self.ho, r0 + self.step)
             operands = []
-            for phase, di, ddi, dj, ddj, weights in self.groups:
+            for offset, row_step, column_step, weights in self.groups:
                 ta, tb = weights.shape[:2]
-                start = margin + (r0 + di) * row + dj * c
+                start = margin + r0 * sh * line + offset
                 operands.append((
-                    as_strided(buffer[phase, start:], shape=(ta, tb, r1 - r0, row),
-                               strides=(ddi * row * itemsize, ddj * c * itemsize, row * itemsize, itemsize)),
-                    as_strided(weights, shape=(ta, tb, r1 - r0, row),
-                               strides=(tb * row * itemsize, row * itemsize, 0, itemsize))))
+                    np.ndarray((ta, tb, r1 - r0, row), self.dtype, buffer, start * itemsize,
+                               (row_step * itemsize, column_step * itemsize, sh * line * itemsize, itemsize)),
+                    np.ndarray((ta, tb, r1 - r0, row), self.dtype, weights, 0,
+                               (tb * row * itemsize, row * itemsize, 0, itemsize))))
             blocks.append((r0, r1, operands))
-        phases = buffer[:, margin:margin + plane].reshape(sh, sw, self.ho, self.wo, c)
-        return phases, blocks, np.empty((self.step, row), self.dtype)
+        rows = buffer[margin:margin + self.h * line].reshape(self.h, sw, self.wo, self.c)
+        return rows, blocks, np.empty((self.step, row), self.dtype)
 
     def fill(self, space: tuple, source: np.ndarray) -> None:
-        """Copy one image [H, W, C] into the phase buffers of ``space``."""
-        (sh, sw), phases = self.strides, space[0]
-        if sh == sw == 1:
-            phases[0, 0] = source
+        """Copy one image [H, W, C] into the buffer of ``space``, each row split into its column phases."""
+        sw, rows = self.strides[1], space[0]
+        if sw == 1:
+            rows[:, 0] = source
         else:
-            phases[...] = source.reshape(self.ho, sh, self.wo, sw, self.c).transpose(1, 3, 0, 2, 4)
+            rows[...] = source.reshape(self.h, self.wo, sw, self.c).transpose(0, 2, 1, 3)
 
     def compute(self, space: tuple, target: np.ndarray, epilogue) -> float:
-        """The image in ``space``'s phase buffers convolved into ``target`` [ho, wo * c], bias and ``epilogue``
+        """The image in ``space``'s buffer convolved into ``target`` [ho, wo * c], bias and ``epilogue``
         applied; returns the sum of the outputs before them (NaN or inf when some output is not finite)."""
         _, blocks, scratch = space
         total = 0.0
