@@ -184,9 +184,11 @@ def test_clip_inside_a_float16_conv_is_applied_after_the_cast():
 
 
 # ----------------------------------------------------------- Pad folding --
-def _pad_conv_model(pads, value=None, group=6, k=3, stride=2, extra_reader=False, expand=False):
-    """x -> Pad (pads computed at run time from a Shape, as EfficientNet's exports do) -> Conv "valid";
-    ``expand``: x first through a 1x1 Conv and a Relu (EfficientNet's expansion)."""
+def _pad_conv_model(pads, value=None, group=6, k=3, stride=2, extra_reader=False, expand=False,
+                    constant_pads=False):
+    """x -> Pad (pads computed at run time from a Shape) -> Conv "valid"; ``expand``: x first through a 1x1
+    Conv and a Relu (EfficientNet's expansion); ``constant_pads``: the pads computed from constants alone
+    (a ConstantOfShape), by nodes placed after the expansion, as EfficientNet-Lite0's export has them."""
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((6, 6 // group, k, k)) / k).astype(np.float32)
     initializers = [onnx.numpy_helper.from_array(w, "w"),
@@ -194,12 +196,19 @@ def _pad_conv_model(pads, value=None, group=6, k=3, stride=2, extra_reader=False
                     onnx.numpy_helper.from_array(np.zeros(1, np.int64), "zeros"),
                     onnx.numpy_helper.from_array(np.array([0, 0] + pads[:2] + [0, 0] + pads[2:], np.int64),
                                                  "amounts")]
-    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
-             helper.make_node("Slice", ["shape", "zeros", "zeros"], ["nothing"]),   # empty: a run-time value
-             helper.make_node("Concat", ["amounts", "nothing"], ["pads"], axis=0)]
+    pads_nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+                  helper.make_node("Slice", ["shape", "zeros", "zeros"], ["nothing"]),   # empty, at run time
+                  helper.make_node("Concat", ["amounts", "nothing"], ["pads"], axis=0)]
+    if constant_pads:
+        pads_nodes = [helper.make_node("ConstantOfShape", ["zeros"], ["nothing"],
+                                       value=onnx.numpy_helper.from_array(np.zeros(1, np.int64))),
+                      pads_nodes[-1]]
+    nodes = [] if constant_pads else pads_nodes
     pad_inputs = ["e" if expand else "x", "pads"]
     if expand:
         nodes += [helper.make_node("Conv", ["x", "we"], ["ec"]), helper.make_node("Relu", ["ec"], ["e"])]
+    if constant_pads:
+        nodes += pads_nodes
     if value is not None:
         initializers.append(onnx.numpy_helper.from_array(np.array(value, np.float32), "value"))
         pad_inputs.append("value")
@@ -228,14 +237,16 @@ def test_zero_pad_folded_into_the_conv(pads, group, k, stride):
     np.testing.assert_array_equal(fused[0], unfused[0])
 
 
-def test_expansion_pad_and_depthwise_as_one_kernel(monkeypatch):
-    """1x1 -> Relu -> zero Pad -> "valid" depthwise: one kernel, as EfficientNet-Lite0's blocks run."""
+@pytest.mark.parametrize("constant_pads", [False, True])
+def test_expansion_pad_and_depthwise_as_one_kernel(monkeypatch, constant_pads):
+    """1x1 -> Relu -> zero Pad -> "valid" depthwise: one kernel, as EfficientNet-Lite0's blocks run; also
+    when the Pad's widths come from constants through nodes after the 1x1 (the plan runs those first)."""
     from ppqlike.executor import chains as chains_module
     ran = []
     original = chains_module.expand_then_depthwise
     monkeypatch.setattr(chains_module, "expand_then_depthwise",
                         lambda *arguments: ran.append(original(*arguments)) or ran[-1])
-    model = _pad_conv_model([1, 1, 2, 2], k=5, expand=True)
+    model = _pad_conv_model([1, 1, 2, 2], k=5, expand=True, constant_pads=constant_pads)
     x = _channels_last(_data(2, 6, 12, 12, seed=13))
     expected = run_onnxruntime(model, {"x": np.ascontiguousarray(x)})
     assert len(ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(model)).compile().chains) == 1

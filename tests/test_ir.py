@@ -317,6 +317,19 @@ def test_descendants_and_ancestors():
     assert g.descendants(ops["relu2"]) == set() and g.ancestors(ops["conv1"]) == set()
 
 
+def test_input_dependent_operations():
+    """Ops reached from a graph input, through any path, depend on it; ops of parameters and constants
+    alone (a ConstantOfShape of a parameter, an op without inputs) do not, even when they feed the others."""
+    g = _two_conv_relu_chains()
+    shape = g.create_variable("shape", value=np.array([2], np.int64))
+    zeros, widths, padded = g.create_variable("zeros"), g.create_variable("widths"), g.create_variable("padded")
+    g.create_operation("ConstantOfShape", [shape], [zeros], name="zeros_op")
+    g.create_operation("Constant", [], [widths], name="constant_op", attributes={"value": np.zeros(8, np.int64)})
+    g.create_operation("Pad", [g.variables["r2"], widths], [padded], name="pad")
+    g.outputs.append(padded)
+    assert g.input_dependent() == {"conv1", "relu1", "conv2", "relu2", "pad"}
+
+
 def test_check_detects_broken_links():
     g = _chain_graph()
     g.variables["a"].consumers.append(g.operations["sigmoid"])  # a bypassed edit

@@ -1,7 +1,7 @@
 """Graph algorithms of :class:`ppqlike.core.ir.Graph`, all from networkx.
 
 A mixin: it reads the graph's ``operations`` (name -> Operation, in
-insertion order), ``outputs`` and ``name``, and never edits the graph.
+insertion order), ``inputs``, ``outputs`` and ``name``, and never edits the graph.
 """
 
 from __future__ import annotations
@@ -43,6 +43,17 @@ class GraphAlgorithms:
             cycle = [edge[0] for edge in nx.find_cycle(dag)]
             raise GraphError(f"graph {self.name!r} has a cycle through operations {cycle}") from None
         return [self.operations[name] for name in order]
+
+    def input_dependent(self) -> set[str]:
+        """Names of the operations whose results depend on a graph input (the others compute from
+        parameters and constants alone)."""
+        dag = self.to_networkx()
+        source = ("graph inputs",)   # not an operation name
+        names = {variable.name for variable in self.inputs}
+        dag.add_node(source)
+        dag.add_edges_from((source, operation.name) for operation in self.operations.values()
+                           if any(v is not None and v.name in names for v in operation.inputs))
+        return nx.descendants(dag, source)
 
     def descendants(self, operation: Operation) -> set[Operation]:
         """Every operation reachable downstream of ``operation``."""

@@ -144,7 +144,11 @@ class NumpyExecutor:
                 continue
             needed.add(producer.name)
             frontier.extend(v for v in producer.inputs if v is not None)
+        # Ops computed from constants alone first (EfficientNet-Lite0's Pad widths, which its export computes
+        # after the 1x1 Conv whose chain through the Pad must know them), then the rest, each in graph order.
+        varying = graph.input_dependent()
         order = [op for op in graph.topological_sort() if op.name in needed]
+        order = [op for op in order if op.name not in varying] + [op for op in order if op.name in varying]
         graph_inputs = {v.name for v in graph.inputs}
         last_use: dict[str, int] = {}
         for index, operation in enumerate(order):
