@@ -96,12 +96,17 @@ def test_pointwise_of_a_channels_last_input(ci, co, bias):
     np.testing.assert_allclose(result, expected, rtol=RTOL, atol=ATOL)
 
 
-def test_depthwise_of_a_non_finite_channels_last_input():
-    """A zero weight cancels a wrapped read only when it is finite: inf and NaN inputs take the exact path."""
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("row,column", [(3, 0), (0, 7), (3, 4), (7, 6), (0, 1)])
+@pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan])
+def test_depthwise_of_a_non_finite_channels_last_input(stride, row, column, special):
+    """A zero weight cancels a wrapped read only when it is finite: inf and NaN inputs in the columns whose
+    reads wrap into another row take the exact path; elsewhere they are the convolution's own."""
     x = _data(2, 5, 8, 8, seed=1)
-    x[0, 1, 3, 0] = np.inf
+    x[0, 1, row, column] = special
     x[1, 4, 0, 5] = np.nan
-    model = _conv_model(x, _data(5, 1, 3, 3, seed=2), _data(5, seed=3), dict(group=5, pads=[1, 1, 1, 1]))
+    model = _conv_model(x, _data(5, 1, 3, 3, seed=2), _data(5, seed=3),
+                        dict(group=5, pads=[1, 1, 1, 1], strides=[stride, stride]))
     expected = run_onnxruntime(model, {"x": x})[0]
     result = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(model)).forward({"x": _channels_last(x)})[0]
     np.testing.assert_allclose(result, expected, rtol=RTOL, atol=ATOL)

@@ -230,12 +230,14 @@ class _TapGroups:
         row, line = wo * c, wd * c   # an output row, an input row (its sw phases)
         filters = w.reshape(c, kh, kw).astype(dtype, copy=False)
         columns = np.arange(wo)
+        wrapped = np.zeros(wo, bool)   # output columns with a tap whose read wraps into another row
         groups = []   # (offset of the first tap, row step, column step, weights [kh, tb, row])
         for pb, dj, ddj, col_taps in _tap_groups(kw, sw, dw, pads[1]):
             weights = np.empty((kh, len(col_taps), wo, c), dtype)
             for ib, bb in enumerate(col_taps):
                 shift = dj + ib * ddj
                 inside = ((columns + shift >= 0) & (columns + shift < wo)).astype(dtype)
+                wrapped |= inside == 0
                 for a in range(kh):
                     np.multiply(inside[:, None], filters[:, a, bb], out=weights[a, ib])
             groups.append((-pads[0] * line + pb * row + dj * c, dh * line, ddj * c,
@@ -247,6 +249,9 @@ class _TapGroups:
         self.groups, self.dtype, self.c, self.strides = groups, dtype, c, (sh, sw)
         self.h, self.ho, self.wo, self.row, self.line = h, ho, wo, row, line
         self.margin = max(0, -lowest, highest - h * line)
+        first = int(np.argmin(wrapped)) if not wrapped.all() else wo   # wrapped columns: [0, first), [last, wo)
+        last = wo - int(np.argmin(wrapped[::-1])) if not wrapped.all() else wo
+        self.edges = [(0, first)] * (first > 0) + [(last, wo)] * (last < wo)
         self.bias = None if b is None else np.tile(b.astype(dtype, copy=False), wo)   # one output row's worth
         self.step = _rows_per_block(row)
 
@@ -282,7 +287,10 @@ class _TapGroups:
 
     def compute(self, space: tuple, target: np.ndarray, epilogue) -> float:
         """The image in ``space``'s buffer convolved into ``target`` [ho, wo * c], bias and ``epilogue``
-        applied; returns the sum of the outputs before them (NaN or inf when some output is not finite)."""
+        applied; returns the sum of the outputs before them in the columns where a tap's read wraps into
+        another row (NaN or inf when one of those is not finite: a zero weight cancels a wrapped read only
+        when it is finite; the other columns read no wrapped value, so a NaN or inf there is the
+        convolution's own)."""
         _, blocks, scratch = space
         total = 0.0
         with np.errstate(all="ignore"):
@@ -293,7 +301,9 @@ class _TapGroups:
                     np.einsum("abrq,abrq->rq", taps, spread, out=block if index == 0 else partial)
                     if index:
                         np.add(block, partial, out=block)
-                total += float(np.add.reduce(block, axis=None))   # before the epilogue, which may hide NaN
+                pixels = block.reshape(r1 - r0, self.wo, self.c)
+                for first, end in self.edges:   # before the epilogue, which may hide NaN
+                    total += float(np.add.reduce(pixels[:, first:end], axis=None))
                 finish(block, self.bias, epilogue)
         return total
 
