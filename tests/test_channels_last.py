@@ -296,7 +296,7 @@ def test_expansion_and_depthwise_as_one_kernel_equal_the_two(stride, size, bias)
     x = _channels_last(_data(3, 6, size, size, seed=8))
     w1, b1 = _data(20, 6, 1, 1, seed=9) / np.float32(3), (_data(20, seed=10) if bias else None)
     w2, b2 = _data(20, 1, 3, 3, seed=11) / np.float32(3), _data(20, seed=12)
-    clip = lambda block: np.clip(block, 0, 6, out=block)   # noqa: E731
+    clip = lambda block, out=None: np.clip(block, 0, 6, out=block if out is None else out)   # noqa: E731
     separate = _conv_channels_last.depthwise(_conv_channels_last.pointwise(x, w1, b1, np.float32, clip), w2, b2,
                                              (1, 1, 1, 1), (stride, stride), (1, 1), np.float32, clip)
     joined = _conv_channels_last.expand_then_depthwise(x, (w1, b1, clip), (w2, b2, clip), (1, 1, 1, 1),

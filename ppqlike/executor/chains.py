@@ -72,10 +72,12 @@ def _float_stage(steps: list, conv: int, activation: int | None, argument, opset
     if not is_applied(config.state) or config.requantization is not None or np.size(config.scale) != 1:
         return None
 
-    def quantize(block: np.ndarray) -> None:
+    def quantize(block: np.ndarray, out: np.ndarray | None = None) -> None:
+        target = block if out is None else out
         if clip is not None:
-            clip(block)
-        config.fake_quantize(block, out=block)
+            clip(block, target)
+            block = target
+        config.fake_quantize(block, out=target)
     return quantize, grid_key(config)
 
 

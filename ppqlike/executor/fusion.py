@@ -182,13 +182,14 @@ def activate_in_place(activation: Operation, output_names: tuple, value: np.ndar
 
 
 def clip_epilogue(bounds: tuple | None):
-    """A conv kernel's in-place work on each block of its result for a fused activation of ``bounds``
-    (``activation_bounds``; None: nothing to do)."""
+    """A conv kernel's work on each block of its result for a fused activation of ``bounds``
+    (``activation_bounds``; None: nothing to do): ``epilogue(block, out=None)`` clips ``block`` in place,
+    or into ``out`` (the same shape, any layout)."""
     if bounds is None:
         return None
     low = -np.inf if bounds[0] is None else bounds[0]   # numpy's two-bound clip: about 2x maximum's speed
     high = np.inf if bounds[1] is None else bounds[1]
-    return lambda block: np.clip(block, low, high, out=block)
+    return lambda block, out=None: np.clip(block, low, high, out=block if out is None else out)
 
 
 #: Ops whose result on integer codes is the codes of their result on the values, on the same grid: they

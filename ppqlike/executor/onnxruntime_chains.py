@@ -90,9 +90,9 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
 
 
 def requantize_block(codes: ConvCodes, width: int):
-    """The in-cache requantization of a channels-last block whose rows hold ``width`` values
+    """The in-cache requantization of a channels-last block whose last axis holds ``width`` values
     (whole pixels): q = clamp(rint((acc + h) * M), low, high), h (the wide bias's float32 part) and M
-    per channel repeated along the row."""
+    per channel repeated along the row; ``epilogue(block, out=None)`` in place or into ``out``."""
     channels = codes.multiplier.size
     repeat = width // channels
     factors = np.tile(codes.multiplier, repeat)
@@ -103,14 +103,16 @@ def requantize_block(codes: ConvCodes, width: int):
         high_bias[columns] = 0.0
     low, high = _F32(codes.low), _F32(codes.high)
 
-    def epilogue(block: np.ndarray) -> None:
+    def epilogue(block: np.ndarray, out: np.ndarray | None = None) -> None:
+        target = block if out is None else out   # block may be overwritten either way
         if columns.size:   # float32(the int32 the kernel holds), as onnxruntime_kernels forms it
-            block[:, columns] = wrap_int32(block[:, columns].astype(np.float64) + wide_bias)
+            block[..., columns] = wrap_int32(block[..., columns].astype(np.float64) + wide_bias)
         if high_bias is not None:
-            np.add(block, high_bias, out=block)
-        np.multiply(block, factors, out=block)
-        np.rint(block, out=block)
-        np.clip(block, low, high, out=block)
+            np.add(block, high_bias, out=target)
+            block = target
+        np.multiply(block, factors, out=target)
+        np.rint(target, out=target)
+        np.clip(target, low, high, out=target)
     return epilogue
 
 

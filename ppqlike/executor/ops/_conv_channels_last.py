@@ -54,7 +54,7 @@ def is_channels_last(x: np.ndarray) -> bool:
 def finish(block: np.ndarray, bias: np.ndarray | None, epilogue) -> None:
     """The end of a block of output, in place, while it is in cache: + ``bias`` (broadcast along the last
     axis), then ``epilogue(block)`` (elementwise work the executor hands the kernel: a fused Relu/Clip;
-    None: nothing)."""
+    None: nothing).  An epilogue also takes ``epilogue(block, out)``: the same work written into ``out``."""
     if bias is not None:
         np.add(block, bias, out=block)
     if epilogue is not None:
@@ -132,7 +132,8 @@ class _Gemm:
 def expand_then_depthwise(x: np.ndarray, expand: tuple, depthwise: tuple, pads, strides, dilations):
     """A 1x1 convolution and the depthwise convolution reading its result, a group of images at a time:
     the 1x1's GEMM writes into a buffer of the thread, from which each image goes into the depthwise
-    convolution's buffer, so the (large) expanded activation never goes to memory whole.
+    convolution's buffer through the 1x1's epilogue (one pass for both), so the (large) expanded
+    activation never goes to memory whole.
     ``expand`` / ``depthwise``: (weight, bias or None, epilogue or None) of each.  ``x`` channels-last
     float32; the depthwise geometry must be "same" (see the module).  Returns the depthwise result
     channels-last, equal bit for bit to the two convolutions run one after the other (the same GEMMs, the
@@ -157,9 +158,9 @@ def expand_then_depthwise(x: np.ndarray, expand: tuple, depthwise: tuple, pads, 
     def run(group, local):
         space, inputs, expanded = local
         i0, i1 = groups[group]
-        gemm.run(source[i0:i1].reshape(-1, ci), expanded[:i1 - i0].reshape(-1, co), inputs, epilogue1)
+        gemm.run(source[i0:i1].reshape(-1, ci), expanded[:i1 - i0].reshape(-1, co), inputs, None)
         for image in range(i0, i1):
-            plan.fill(space, expanded[image - i0])
+            plan.fill(space, expanded[image - i0], epilogue1)
             totals[group] += plan.compute(space, out[image].reshape(ho, plan.row), epilogue2)
 
     parallel_items(run, len(groups), lambda: (plan.workspace(), gemm.inputs(), np.empty((gemm.images, h, wd, co), dtype)))
@@ -277,13 +278,18 @@ class _TapGroups:
         rows = buffer[margin:margin + self.h * line].reshape(self.h, sw, self.wo, self.c)
         return rows, blocks, np.empty((self.step, row), self.dtype)
 
-    def fill(self, space: tuple, source: np.ndarray) -> None:
-        """Copy one image [H, W, C] into the buffer of ``space``, each row split into its column phases."""
+    def fill(self, space: tuple, source: np.ndarray, epilogue=None) -> None:
+        """Copy one image [H, W, C] into the buffer of ``space``, each row split into its column phases;
+        through ``epilogue(values, out)`` (see ``finish``; it may overwrite ``source``) when given."""
         sw, rows = self.strides[1], space[0]
         if sw == 1:
-            rows[:, 0] = source
+            target, values = rows[:, 0], source
         else:
-            rows[...] = source.reshape(self.h, self.wo, sw, self.c).transpose(0, 2, 1, 3)
+            target, values = rows, source.reshape(self.h, self.wo, sw, self.c).transpose(0, 2, 1, 3)
+        if epilogue is None:
+            target[...] = values
+        else:
+            epilogue(values, target)
 
     def compute(self, space: tuple, target: np.ndarray, epilogue) -> float:
         """The image in ``space``'s buffer convolved into ``target`` [ho, wo * c], bias and ``epilogue``
