@@ -84,3 +84,22 @@ def test_matmul_split_over_threads_agrees_with_onnxruntime(a_shape, b_shape, thr
                                    rtol=1e-4, atol=1e-4)
     finally:
         _threads.set_num_threads(None)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((197 * 4, 96), (96, 288)), ((8, 200, 64), (8, 64, 200))])
+def test_matmul_result_does_not_depend_on_the_thread_count(a_shape, b_shape):
+    """OpenBLAS's sums depend on how the rows are cut: the cuts are the same whatever the thread count, so
+    1, 2 and 3 kernel threads give the same bits (calibration, and so the scales, must not change with it)."""
+    from ppqlike.executor.ops import _threads, linear
+    a, b = _data(*a_shape, seed=12), _data(*b_shape, seed=13)
+    assert a[..., 0].size * a.shape[-1] * b.shape[-1] >= linear._SPLIT_ABOVE   # large enough to be cut
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            _threads.set_num_threads(threads)
+            results.append(linear.matmul(a, b))
+    finally:
+        _threads.set_num_threads(None)
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+    np.testing.assert_allclose(results[0], np.matmul(a, b), rtol=1e-4, atol=1e-4)

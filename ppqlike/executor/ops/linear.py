@@ -14,14 +14,16 @@ from ._threads import num_threads, parallel, split_evenly
 from .base import Kernel, attribute, unsupported
 
 _SPLIT_ABOVE = 1 << 21    # multiply-adds from which a product is split over the kernel threads
+_ROW_PIECES = 8           # a large product by a matrix is cut into this many row pieces: a constant, not the
+                          # thread count, since OpenBLAS's sums depend on the cuts and results must not
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.matmul(a, b)``, split over ``PPQLIKE_NUM_THREADS`` Python threads when it is large (BLAS then runs
-    single-threaded, see ``_threads.py``): by rows of ``a`` when ``b`` is a matrix, else by the leading batch
-    dimension (the same products, each piece a BLAS call on fewer rows)."""
-    threads = num_threads()
-    if threads < 2 or a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+    single-threaded, see ``_threads.py``): by rows of ``a`` when ``b`` is a matrix (always the same
+    ``_ROW_PIECES`` pieces, whatever the thread count), else by the leading batch dimension (the same
+    products, each piece a BLAS call on fewer rows)."""
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
         return np.matmul(a, b)
     rows = int(np.prod(a.shape[:-1]))
     if rows * a.shape[-1] * b.shape[-1] < _SPLIT_ABOVE:
@@ -31,8 +33,11 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         out = np.empty(a.shape[:-1] + (b.shape[-1],), np.result_type(a, b))
         flat = out.reshape(rows, b.shape[-1])
         parallel(lambda part: np.matmul(left[part[0]:part[1]], b, out=flat[part[0]:part[1]]),
-                 split_evenly(rows, threads))
+                 split_evenly(rows, _ROW_PIECES))
         return out
+    threads = num_threads()
+    if threads < 2:
+        return np.matmul(a, b)
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if a.ndim != b.ndim or not shape or shape[0] < threads:
         return np.matmul(a, b)
