@@ -23,6 +23,7 @@ _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
 _POOL_LOCK = threading.Lock()
 _NUM_THREADS: int | None = None
+_INSIDE = threading.local()   # .job: this thread is running a job of parallel()
 
 
 def _default_threads() -> int:
@@ -45,23 +46,44 @@ def set_num_threads(count: int | None) -> None:
 
 
 def parallel(function, jobs) -> None:
-    """Run ``function(job)`` for every job, on the pool when there are several."""
+    """Run ``function(job)`` for every job: the calling thread and up to T - 1 pool threads each take the
+    next job whenever free (inline when there is one job or thread, or inside a job already)."""
     jobs = list(jobs)
     threads = min(num_threads(), len(jobs))
-    if threads <= 1 or threading.current_thread().name.startswith("ppqlike-conv"):
+    if threads <= 1 or getattr(_INSIDE, "job", False):
         for job in jobs:
             function(job)
         return
     global _POOL, _POOL_SIZE
     with _POOL_LOCK:
-        if _POOL is None or _POOL_SIZE < threads:
+        if _POOL is None or _POOL_SIZE < threads - 1:
             if _POOL is not None:
                 _POOL.shutdown(wait=False)
-            _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ppqlike-conv")
-            _POOL_SIZE = threads
+            _POOL = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="ppqlike-conv")
+            _POOL_SIZE = threads - 1
         pool = _POOL
-    for future in [pool.submit(function, job) for job in jobs]:
-        future.result()
+    pending = iter(jobs)   # a list iterator's next() is atomic under the GIL
+
+    def work():
+        _INSIDE.job = True
+        try:
+            for job in pending:
+                function(job)
+        finally:
+            _INSIDE.job = False
+    helpers = [pool.submit(work) for _ in range(threads - 1)]
+    failure = None
+    try:
+        work()
+    except BaseException as error:   # let the helpers finish before raising
+        failure = error
+    for helper in helpers:
+        try:
+            helper.result()
+        except BaseException as error:
+            failure = failure or error
+    if failure is not None:
+        raise failure
 
 
 def parallel_over(function, items, threads: int | None = None) -> None:
@@ -78,8 +100,10 @@ def parallel_items(function, count: int, state=None, threads: int | None = None)
     items = iter(range(count))   # a range iterator's next() is atomic under the GIL
 
     def work(_):
-        local = None if state is None else state()
+        local, made = None, state is None
         for item in items:
+            if not made:   # lazily: a thread that finds no item left makes none
+                local, made = state(), True
             function(item, local)
     parallel(work, range(max(1, min(num_threads() if threads is None else threads, count))))
 
