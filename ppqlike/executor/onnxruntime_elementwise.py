@@ -15,10 +15,13 @@ import numpy as np
 
 from ..core.layout import empty_like_dense, flat_view, memory_axes, same_layout
 from .integer_codes import BLOCK, Codes, dequantize_codes, integer_codes, per_tensor, zero_point
+from .ops._threads import parallel_items
 
 _F32 = np.float32
 _TABLE_MIN = 1 << 16          # elements of a binary op's operands from which it reads a table of code pairs
 _TABLE_SIZE = 1 << 16         # the most code pairs such a table holds
+_TABLES_KEPT = 64             # tables kept between runs (one per quantized Add/Mul of a model, keyed by its grids)
+_TABLES: dict = {}            # key -> read-only table (see ``_pair_lookup``), oldest first
 
 
 def _fma(a, b, c) -> np.ndarray:
@@ -79,8 +82,11 @@ def _binary(arithmetic: Callable, scalars: bool):
         codes = as_codes and np.asarray(output.scale).dtype == _F32 and per_tensor(output)
         finish = (lambda q: Codes(q, output)) if codes else (lambda values: values)
         if a.size + b.size >= _TABLE_MIN:
+            grids = tuple((np.asarray(c.scale).dtype.str, np.asarray(c.scale).tobytes(), np.asarray(c.offset).tobytes())
+                          for c in (configs[0], configs[1], output))
+            key = (arithmetic, grids, tuple(zeros), int(low), int(high), codes)
             looked_up = _pair_lookup(compute, [c.quant_min - z for c, z in zip(configs, zeros)],
-                                     [c.quant_max - z for c, z in zip(configs, zeros)], a, b)
+                                     [c.quant_max - z for c, z in zip(configs, zeros)], a, b, key)
             if looked_up is not None:
                 return [finish(looked_up)]
         if not same_layout(a, b) or a.size <= BLOCK or memory_axes(a) is None:
@@ -93,33 +99,50 @@ def _binary(arithmetic: Callable, scalars: bool):
     return run
 
 
-def _pair_lookup(compute: Callable, lows: list, highs: list, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+def _pair_lookup(compute: Callable, lows: list, highs: list, a: np.ndarray, b: np.ndarray,
+                 key: tuple | None = None) -> np.ndarray | None:
     """``compute(a, b)`` (elementwise, on codes a in [lows[0], highs[0]] and b in [lows[1], highs[1]]) read
     from a table of its results on every pair of codes: 8-bit codes have at most 2^16 pairs, and a few
-    float32 passes to index the table replace the float64 arithmetic on every element.  None when the
-    codes are wider or some code lies outside its range."""
+    float32 passes to index the table replace the float64 arithmetic on every element.  ``key``: what
+    ``compute`` depends on (the grids, the clamp), under which the table is kept for the next run.  None
+    when the codes are wider or some code lies outside its range."""
     width = highs[1] - lows[1] + 1
     if (highs[0] - lows[0] + 1) * width > _TABLE_SIZE:
         return None
-    table = compute(np.arange(lows[0], highs[0] + 1, dtype=_F32)[:, None],
-                    np.arange(lows[1], highs[1] + 1, dtype=_F32)[None, :]).reshape(-1)
+    key = None if key is None else (key, tuple(lows), tuple(highs))
+    table = _TABLES.get(key) if key is not None else None
+    if table is None:
+        table = compute(np.arange(lows[0], highs[0] + 1, dtype=_F32)[:, None],
+                        np.arange(lows[1], highs[1] + 1, dtype=_F32)[None, :]).reshape(-1)
+        if key is not None:
+            table.flags.writeable = False
+            if len(_TABLES) >= _TABLES_KEPT:
+                del _TABLES[next(iter(_TABLES))]
+            _TABLES[key] = table
     shape = np.broadcast_shapes(a.shape, b.shape)
     if not shape:
         return None
     big = a if a.shape == shape else b if b.shape == shape else None
     out = empty_like_dense(big, _F32) if big is not None and memory_axes(big) is not None else np.empty(shape, _F32)
     a, b = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
-    step = max(1, _TABLE_MIN // max(1, int(np.prod(shape[1:]))))   # blocks along the first axis, in cache
+    if same_layout(a, b) and same_layout(a, out):   # one memory order: contiguous blocks of the flat views
+        a, b, out_view, step = flat_view(a), flat_view(b), flat_view(out), _TABLE_MIN
+    else:                                           # blocks along the first axis
+        out_view, step = out, max(1, _TABLE_MIN // max(1, int(np.prod(shape[1:]))))
     offset = _F32(lows[0] * width + lows[1])
-    for start in range(0, shape[0], step):
-        rows = slice(start, start + step)
+    outside = []
+
+    def look_up(block, _):
+        rows = slice(block * step, (block + 1) * step)
         index = np.multiply(a[rows], _F32(width))   # (a - low_a) * width + (b - low_b), exact in float32
         index += b[rows]
         index -= offset
         if index.size and not (float(index.min()) >= 0 and float(index.max()) < table.size):
-            return None
-        np.take(table, index.astype(np.int32), out=out[rows])
-    return out
+            outside.append(block)
+        else:
+            np.take(table, index.astype(np.int32), out=out_view[rows], mode="clip")   # in range: checked above
+    parallel_items(look_up, -(-len(a) // step))
+    return None if outside else out
 
 
 qlinear_add_kernel = _binary(qlinear_add, scalars=False)  # a scalar operand takes another path inside QLinearAdd

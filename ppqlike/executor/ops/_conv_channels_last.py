@@ -163,7 +163,8 @@ def expand_then_depthwise(x: np.ndarray, expand: tuple, depthwise: tuple, pads, 
             plan.fill(space, expanded[image - i0], epilogue1)
             totals[group] += plan.compute(space, out[image].reshape(ho, plan.row), epilogue2)
 
-    parallel_items(run, len(groups), lambda: (plan.workspace(), gemm.inputs(), np.empty((gemm.images, h, wd, co), dtype)))
+    parallel_items(run, len(groups),
+                   lambda: (plan.workspace(), gemm.inputs(), np.empty((gemm.images, h, wd, co), dtype)))
     return out.transpose(0, 3, 1, 2) if np.isfinite(totals).all() else None
 
 

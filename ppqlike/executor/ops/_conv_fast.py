@@ -140,7 +140,8 @@ def im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, di
     if b is not None:
         wmats[:, :, k] = b.reshape(group, cog)
     itemsize = np.dtype(dtype).itemsize
-    step = max(1, min(-(-n // (2 * num_threads())), _PATCH_BYTES // max(kb * positions * itemsize, 1)))   # images a chunk
+    # images a chunk: the patch matrix about L2's size, and at least two chunks a thread
+    step = max(1, min(-(-n // (2 * num_threads())), _PATCH_BYTES // max(kb * positions * itemsize, 1)))
     padded = bool(pt or pl or pb or pr) or channels_last
     out3 = out.reshape(n, co, positions)
 
