@@ -31,6 +31,10 @@ from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applie
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 from ..core.rounding import RoundingPolicy, round_into
 from .integer_codes import Codes, channel_chunks, values_of
+from .ops._threads import parallel_items
+
+_REQUANTIZE_OUTPUT_BLOCK = 1 << 17   # elements per chunk of requantize_output: its ~11 passes each a numpy call,
+                                     # so chunks large enough that two threads seldom wait for the GIL
 
 #: policies under which fake-quantizing a value already on the grid gives it back unchanged
 #: (x / S lies within a few ulps of an integer, and these round that to the integer)
@@ -118,7 +122,8 @@ def requantize_output(config: TensorQuantizationConfig, value):
     stored integer multiplier and right shift under the config's rounding,
     and dequantized with the output scale.  Elementwise, so it runs a
     cache-sized block at a time (whole channels' slices of the per-channel
-    factors with each), which keeps its int64 temporaries in cache.
+    factors with each), which keeps its int64 temporaries in cache, the
+    blocks on the kernel threads.
     """
     facts = config.requantization
     axis = facts.channel_axis % value.ndim
@@ -129,7 +134,10 @@ def requantize_output(config: TensorQuantizationConfig, value):
     result = empty_like_dense(value, np.float32)
     source = channel_view(value, axis if per_channel else None)   # the factors along its middle axis
     out = channel_view(result, axis if per_channel else None)
-    for rows, channel_range in channel_chunks(source.shape):
+    chunks = list(channel_chunks(source.shape, _REQUANTIZE_OUTPUT_BLOCK))
+
+    def requantize_chunk(index, _):   # elementwise: the chunks on the kernel threads
+        rows, channel_range = chunks[index]
         block = source[rows, channel_range]
         if per_channel:
             factors = accumulator_scale[channel_range].reshape(1, -1, 1)
@@ -139,6 +147,7 @@ def requantize_output(config: TensorQuantizationConfig, value):
         acc = np.divide(block, factors, dtype=np.float64)
         np.rint(acc, out=acc)
         _requantize_block(acc, m, r, config, per_channel, out[rows, channel_range])
+    parallel_items(requantize_chunk, len(chunks))
     return result
 
 
