@@ -3,7 +3,7 @@
 Independent work (the images of a 1x1 convolution, depthwise images or
 chunks, patch matrices, row blocks of a large MatMul, ConvTranspose phases,
 pooling plane chunks, Softmax row blocks, blocks of multi-pass elementwise
-functions such as Erf) can run on ``PPQLIKE_NUM_THREADS`` Python threads
+functions such as Erf, requantization chunks) can run on ``PPQLIKE_NUM_THREADS`` Python threads
 (numpy, einsum and BLAS release the GIL); the default is 1, leaving parallelism to
 BLAS.  On 2-vCPU machines the fastest setting measured was the other way
 round: ``OPENBLAS_NUM_THREADS=1`` with ``PPQLIKE_NUM_THREADS=2`` (depthwise
@@ -11,6 +11,12 @@ layers about 25% faster, 1x1 layers about as fast, and no collapse when
 another process takes a core, which OpenBLAS's spin-waiting threads suffer).
 A second Python thread next to a multi-threaded OpenBLAS made things slower.
 Change it at run time with :func:`set_num_threads`.
+
+The calling thread works beside T - 1 pool threads, each taking the next job
+when free.  Two rules for the kernels: how work is cut must not depend on the
+thread count (OpenBLAS's sums depend on the cuts, and the scales on the
+sums), and a job should be numpy calls of well over ten microseconds (two
+threads doing shorter calls wait on each other for the GIL and gain nothing).
 """
 
 from __future__ import annotations
