@@ -158,14 +158,17 @@ def _mobile_block_model(clip_type: str):
 
 
 @pytest.mark.parametrize("clip_type", ["Clip", "Relu"])
-def test_layer_stack_agrees_with_onnxruntime_fused_or_not(clip_type):
+def test_layer_stack_agrees_with_onnxruntime_fused_or_not(clip_type, monkeypatch):
+    from ppqlike.executor import chains as chains_module
+    projected = _recorded_calls(monkeypatch, chains_module, "expand_depthwise_project")
     model = _mobile_block_model(clip_type)
     x = _data(2, 3, 32, 32, seed=4)
     expected = run_onnxruntime(model, {"x": x})
     fused, unfused, seen = _run_both(model, {"x": x})
     assert seen.count(clip_type) == (2 if clip_type == "Clip" else 3)   # unfused: every activation on its own
-    chains = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(model)).compile().chains
-    assert len(chains) == 1   # the 1x1 expansion and the stride-2 depthwise conv after it run as one kernel
+    plan = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(model)).compile()
+    assert len(plan.chains) == 1   # the 1x1 expansion and the stride-2 depthwise conv after it run as one kernel
+    assert len(plan.projections) == 1 and len(projected) == 1 and projected[0] is not None   # and the 1x1 after
     for got, unhooked, want in zip(fused, unfused, expected):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
         np.testing.assert_array_equal(got, unhooked)
@@ -288,6 +291,32 @@ def test_pools_keep_a_channels_last_layout(op_type, attributes):
     np.testing.assert_allclose(result, expected, rtol=RTOL, atol=ATOL)
     if op_type in ("MaxPool", "AveragePool"):
         assert _conv_channels_last.is_channels_last(result) and not result.flags.c_contiguous
+
+
+def _recorded_calls(monkeypatch, module, name) -> list:
+    """The results of every call of ``module.name`` from now on (the function itself still runs)."""
+    results, original = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *arguments: results.append(original(*arguments)) or results[-1])
+    return results
+
+
+@pytest.mark.parametrize("stride,size,images", [(1, 12, 3), (2, 12, 16), (1, 28, 16), (2, 56, 4)])
+def test_expansion_depthwise_and_projection_as_one_kernel_equal_the_three(stride, size, images):
+    """The projection's own GEMM groups, fed from the depthwise results in cache: bit for bit the three
+    convolutions one after the other, each with its clip."""
+    x = _channels_last(_data(images, 6, size, size, seed=14))
+    w1, b1 = _data(48, 6, 1, 1, seed=15) / np.float32(3), _data(48, seed=16)
+    w2, b2 = _data(48, 1, 3, 3, seed=17) / np.float32(3), _data(48, seed=18)
+    w3, b3 = _data(8, 48, 1, 1, seed=19) / np.float32(7), _data(8, seed=20)
+    clip = lambda block, out=None: np.clip(block, 0, 6, out=block if out is None else out)   # noqa: E731
+    separate = _conv_channels_last.pointwise(
+        _conv_channels_last.depthwise(_conv_channels_last.pointwise(x, w1, b1, np.float32, clip), w2, b2,
+                                      (1, 1, 1, 1), (stride, stride), (1, 1), np.float32, clip),
+        w3, b3, np.float32, clip)
+    joined = _conv_channels_last.expand_depthwise_project(x, (w1, b1, clip), (w2, b2, clip), (w3, b3, clip),
+                                                          (1, 1, 1, 1), (stride, stride), (1, 1))
+    np.testing.assert_array_equal(joined, separate)
+    assert _conv_channels_last.is_channels_last(joined)
 
 
 @pytest.mark.parametrize("stride,size,bias", [(1, 12, True), (2, 12, True), (1, 7, False), (2, 16, False)])

@@ -21,7 +21,7 @@ from .fusion import activation_bounds, clip_epilogue, configs_let_fuse, grid_edg
 from .integer_codes import integer_codes
 from .onnxruntime_chains import conv_codes, expand_then_depthwise_codes, input_on_grid
 from .onnxruntime_kernels import applied_root
-from .ops._conv_channels_last import expand_then_depthwise
+from .ops._conv_channels_last import expand_depthwise_project, expand_then_depthwise
 from .ops.conv import conv2d_geometry
 from .ops.tensor import zero_spatial_pads
 from .simulation import argument_grids, grid_key, keeps_grid, passes_through, quantize_inputs
@@ -81,10 +81,14 @@ def _float_stage(steps: list, conv: int, activation: int | None, argument, opset
     return quantize, grid_key(config)
 
 
-def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int):
-    """(the float chain's result, channels-last, the grid key it lies on or None), or None.
+def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int,
+                    projection: tuple | None = None):
+    """(the float chain's result, channels-last, the grid key it lies on or None, whether it is the
+    projection's result), or None.
 
-    ``arguments``: the first Conv's inputs, before its input configs."""
+    ``arguments``: the first Conv's inputs, before its input configs.  ``projection``: (the 1x1 Conv that
+    alone reads the chain's result, its Relu/Clip or None; ``fusion.chain_projections``), run inside too
+    when no config touches the ops (the FP32 graph)."""
     first_activation, pad, second, second_activation = chain
     first, depthwise = steps[index], steps[second]
     stages = [_float_stage(steps, index, first_activation, argument, opset),
@@ -102,13 +106,21 @@ def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argu
                          steps[pad] if pad is not None else None, argument)
     if geometry is None:
         return None
-    out = expand_then_depthwise(x, (weight, arguments[2] if len(arguments) > 2 else None, stages[0][0]),
-                                (filters[0], filters[1] if len(filters) > 1 else None, stages[1][0]), *geometry)
-    return None if out is None else (out, stages[1][1])
+    expand = (weight, arguments[2] if len(arguments) > 2 else None, stages[0][0])
+    depthwise = (filters[0], filters[1] if len(filters) > 1 else None, stages[1][0])
+    if projection is not None and all(steps[i].operation.config is None for i in chain + (index,) + projection
+                                      if i is not None):
+        third = [argument(name) for name in steps[projection[0]].inputs[1:]]
+        out = expand_depthwise_project(x, expand, depthwise, (third[0], third[1] if len(third) > 1 else None,
+                                       clip_epilogue(_bounds(steps, projection[1], argument, opset))), *geometry)
+        if out is not None:
+            return out, None, True
+    out = expand_then_depthwise(x, expand, depthwise, *geometry)
+    return None if out is None else (out, stages[1][1], False)
 
 
 def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int):
-    """(the integer chain's result as ``Codes``, the grid key it lies on), or None.
+    """(the integer chain's result as ``Codes``, the grid key it lies on, False), or None.
 
     ``arguments``: the first Conv's inputs (``Codes`` kept), before its input configs."""
     first_activation, pad, second, second_activation = chain
@@ -132,4 +144,4 @@ def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, ar
     x = integer_codes(applied_root(input_config(first.operation, 0)), arguments[0], on_grid=True)
     geometry = _geometry(depthwise, x.shape, codes[0].weight.shape[0], codes[1].weight, None, argument)
     out = expand_then_depthwise_codes(x, codes[0], codes[1], *geometry)
-    return None if out is None else (out, output_grid(depthwise.operation))
+    return None if out is None else (out, output_grid(depthwise.operation), False)

@@ -26,7 +26,8 @@ import numpy as np
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activation_bounds, activation_partners,
-                     clip_epilogue, configs_let_fuse, expand_chains, fusable, grid_edges, pad_folds, run_on_codes)
+                     chain_projections, clip_epilogue, configs_let_fuse, expand_chains, fusable, grid_edges,
+                     pad_folds, run_on_codes)
 from .chains import output_grid, run_float_chain, run_integer_chain
 from .integer_codes import Codes, values_hold_codes, values_of
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
@@ -67,6 +68,7 @@ class _Plan:
     fusions: dict = field(default_factory=dict)   # step index of a Conv -> step index of its Relu/Clip
     pad_folds: frozenset = frozenset()  # step indices of Pads whose Convs can pad instead (fusion.pad_folds)
     chains: dict = field(default_factory=dict)   # 1x1 Conv -> its depthwise Conv run with it (fusion.expand_chains)
+    projections: dict = field(default_factory=dict)   # 1x1 Conv of a chain -> the 1x1 after it and its Relu/Clip
 
 
 class NumpyExecutor:
@@ -175,7 +177,8 @@ class NumpyExecutor:
                               if n in last_use or n in keep)
         partners = activation_partners(order, keep)
         folds = pad_folds(order, keep, graph.opset)
-        return _Plan(steps, needed_inputs, partners, folds, expand_chains(order, keep, partners, folds))
+        chains = expand_chains(order, keep, partners, folds)
+        return _Plan(steps, needed_inputs, partners, folds, chains, chain_projections(order, keep, chains, partners))
 
     # ---------------------------------------------------------- execution --
     def prepare_inputs(self, inputs: Any) -> dict[str, np.ndarray]:
@@ -329,20 +332,27 @@ class NumpyExecutor:
         integer kernels run); False (nothing done) when it does not apply."""
         chain = plan.chains[index]
         first_activation, pad, second, second_activation = chain
+        later = [step for step in (second, pad) + plan.projections.get(index, ()) if step is not None]
         if any(name is not None and name not in values and self.graph.variables[name].value is None
-               for name in plan.steps[second].inputs[1:] + (plan.steps[pad].inputs[1:] if pad is not None else ())):
+               for step in later for name in plan.steps[step].inputs[1:]):
             return False   # an input not computed yet
         argument = lambda name: self._argument(name, values)   # noqa: E731
-        runner = run_integer_chain if runtime else run_float_chain
-        result = runner(chain, plan.steps, index, arguments, argument, grids, self.graph.opset)
+        if runtime:
+            result = run_integer_chain(chain, plan.steps, index, arguments, argument, grids, self.graph.opset)
+        else:
+            result = run_float_chain(chain, plan.steps, index, arguments, argument, grids, self.graph.opset,
+                                     plan.projections.get(index))
         if result is None:
             return False
-        out, key = result
-        last = plan.steps[second if second_activation is None else second_activation].outputs[0]
+        out, key, projected = result
+        projection, projection_activation = plan.projections[index] if projected else (None, None)
+        last = plan.steps[projection_activation if projection_activation is not None else
+                          projection if projection is not None else
+                          second if second_activation is None else second_activation].outputs[0]
         values[last] = out
         if key is not None:
             grids[last] = key
-        for skipped in (first_activation, pad, second, second_activation):
+        for skipped in (first_activation, pad, second, second_activation, projection, projection_activation):
             if skipped is not None:
                 fused_into[skipped] = True
         return True

@@ -75,6 +75,29 @@ def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = fro
     return chains
 
 
+def chain_projections(order: list, keep: set, chains: dict, partners: dict) -> dict:
+    """Step index of a chain's 1x1 Conv -> (the step index of the 1x1 Conv (stride 1, no pads, one group,
+    float kernels) that alone reads the chain's result - MobileNet's projection -, that Conv's Relu/Clip's
+    index or None), for the chains that have one: a float chain may then run it too, its input never going
+    to memory whole."""
+    position = {op.name: i for i, op in enumerate(order)}
+    projections = {}
+    for index, (_, _, second, last) in chains.items():
+        result = order[second if last is None else last].outputs[0]
+        readers = result.consumers
+        if result.name in keep or len(readers) != 1 or readers[0].name not in position:
+            continue
+        third = readers[0]
+        weight = _conv_weight(third, False)
+        if weight is None or weight.shape[2:] != (1, 1) or int(third.attributes.get("group", 1)) != 1 \
+                or third.inputs[0] is not result or any(v is result for v in third.inputs[1:]) \
+                or any(int(v) != 1 for v in third.attributes.get("strides", [1, 1])) \
+                or any(int(v) != 0 for v in third.attributes.get("pads", [0, 0, 0, 0])):
+            continue
+        projections[index] = (position[third.name], partners.get(position[third.name]))
+    return projections
+
+
 def _conv_weight(operation: Operation, integer: bool = False):
     """The 4-D weight of a 2-D Conv with explicit pads and parameter weight and bias, marked for
     onnxruntime's integer kernels or not as ``integer`` says, or None."""

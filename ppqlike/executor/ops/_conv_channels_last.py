@@ -168,6 +168,52 @@ def expand_then_depthwise(x: np.ndarray, expand: tuple, depthwise: tuple, pads, 
     return out.transpose(0, 3, 1, 2) if np.isfinite(totals).all() else None
 
 
+def expand_depthwise_project(x: np.ndarray, expand: tuple, depthwise: tuple, project: tuple, pads, strides,
+                             dilations):
+    """``expand_then_depthwise`` followed by the 1x1 convolution ``project`` = (weight, bias or None,
+    epilogue or None) that reads its result, GEMM group by GEMM group of that projection: the depthwise results of a group's
+    images go from a buffer of the thread (in cache) into the projection's GEMM - the same call the
+    projection makes alone, so the result is the same bit for bit.  Returns the projection's result
+    channels-last, or None when this does not apply (the expansion's GEMM groups must lie within the
+    projection's; then run the chain, and the projection, apart)."""
+    (w1, b1, epilogue1), (w2, b2, epilogue2), (w3, b3, epilogue3) = expand, depthwise, project
+    n, ci, h, wd = x.shape
+    co, dtype = w1.shape[0], x.dtype
+    (sh, sw), (dh, dw) = strides, dilations
+    ho, wo = h // sh, wd // sw
+    if dtype != np.float32 or not is_channels_last(x) or ho * sh != h or wo * sw != wd or w2.shape[:2] != (co, 1) \
+            or (h + pads[0] + pads[2] - dh * (w2.shape[2] - 1) - 1) // sh + 1 != ho \
+            or (wd + pads[1] + pads[3] - dw * (w2.shape[3] - 1) - 1) // sw + 1 != wo or w3.shape[1:] != (co, 1, 1):
+        return None
+    gemm, third = _Gemm(w1, b1, h * wd, n, dtype), _Gemm(w3, b3, ho * wo, n, dtype)
+    if gemm.images not in (1, third.images):
+        return None
+    plan = _TapGroups(co, h, wd, w2, b2, pads, strides, dilations, dtype)
+    source = x.transpose(0, 2, 3, 1).reshape(n, h * wd, ci)
+    out = np.empty((n, ho, wo, w3.shape[0]), dtype)
+    target = out.reshape(n, ho * wo, w3.shape[0])
+    groups = third.groups(n)
+    totals = np.zeros(len(groups))
+
+    def workspace():
+        return (plan.workspace(), gemm.inputs(), np.empty((gemm.images, h, wd, co), dtype), third.inputs(),
+                np.empty((third.images, ho * wo, co), dtype))
+
+    def run(group, local):
+        space, inputs, expanded, inputs3, middle = local
+        i0, i1 = groups[group]
+        for e0 in range(i0, i1, gemm.images):
+            e1 = min(i1, e0 + gemm.images)
+            gemm.run(source[e0:e1].reshape(-1, ci), expanded[:e1 - e0].reshape(-1, co), inputs, None)
+            for image in range(e0, e1):
+                plan.fill(space, expanded[image - e0], epilogue1)
+                totals[group] += plan.compute(space, middle[image - i0].reshape(ho, plan.row), epilogue2)
+        third.run(middle[:i1 - i0].reshape(-1, co), target[i0:i1].reshape(-1, w3.shape[0]), inputs3, epilogue3)
+
+    parallel_items(run, len(groups), workspace)
+    return out.transpose(0, 3, 1, 2) if np.isfinite(totals).all() else None
+
+
 # ---------------------------------------------------------------- depthwise --
 def depthwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, dilations, dtype,
               epilogue=None) -> np.ndarray | None:
