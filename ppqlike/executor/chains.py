@@ -106,16 +106,16 @@ def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argu
                          steps[pad] if pad is not None else None, argument)
     if geometry is None:
         return None
-    expand = (weight, arguments[2] if len(arguments) > 2 else None, stages[0][0])
-    depthwise = (filters[0], filters[1] if len(filters) > 1 else None, stages[1][0])
+    first_conv = (weight, arguments[2] if len(arguments) > 2 else None, stages[0][0])
+    second_conv = (filters[0], filters[1] if len(filters) > 1 else None, stages[1][0])
     if projection is not None and all(steps[i].operation.config is None for i in chain + (index,) + projection
                                       if i is not None):
         third = [argument(name) for name in steps[projection[0]].inputs[1:]]
-        out = expand_depthwise_project(x, expand, depthwise, (third[0], third[1] if len(third) > 1 else None,
+        out = expand_depthwise_project(x, first_conv, second_conv, (third[0], third[1] if len(third) > 1 else None,
                                        clip_epilogue(_bounds(steps, projection[1], argument, opset))), *geometry)
         if out is not None:
             return out, None, True
-    out = expand_then_depthwise(x, expand, depthwise, *geometry)
+    out = expand_then_depthwise(x, first_conv, second_conv, *geometry)
     return None if out is None else (out, stages[1][1], False)
 
 
