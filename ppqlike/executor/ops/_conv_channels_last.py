@@ -171,9 +171,9 @@ def expand_then_depthwise(x: np.ndarray, expand: tuple, depthwise: tuple, pads, 
 def expand_depthwise_project(x: np.ndarray, expand: tuple, depthwise: tuple, project: tuple, pads, strides,
                              dilations):
     """``expand_then_depthwise`` followed by the 1x1 convolution ``project`` = (weight, bias or None,
-    epilogue or None) that reads its result, GEMM group by GEMM group of that projection: the depthwise results of a group's
-    images go from a buffer of the thread (in cache) into the projection's GEMM - the same call the
-    projection makes alone, so the result is the same bit for bit.  Returns the projection's result
+    epilogue or None) that reads its result, GEMM group by GEMM group of that projection: the depthwise
+    results of a group's images go from a buffer of the thread (in cache) into the projection's GEMM - the
+    same call the projection makes alone, so the result is the same bit for bit.  Returns the projection's result
     channels-last, or None when this does not apply (the expansion's GEMM groups must lie within the
     projection's; then run the chain, and the projection, apart)."""
     (w1, b1, epilogue1), (w2, b2, epilogue2), (w3, b3, epilogue3) = expand, depthwise, project
