@@ -160,7 +160,7 @@ def _mobile_block_model(clip_type: str):
 @pytest.mark.parametrize("clip_type", ["Clip", "Relu"])
 def test_layer_stack_agrees_with_onnxruntime_fused_or_not(clip_type, monkeypatch):
     from ppqlike.executor import chains as chains_module
-    projected = _recorded_calls(monkeypatch, chains_module, "expand_depthwise_project")
+    ran = _recorded_calls(monkeypatch, chains_module, "expand_then_depthwise")
     model = _mobile_block_model(clip_type)
     x = _data(2, 3, 32, 32, seed=4)
     expected = run_onnxruntime(model, {"x": x})
@@ -168,7 +168,8 @@ def test_layer_stack_agrees_with_onnxruntime_fused_or_not(clip_type, monkeypatch
     assert seen.count(clip_type) == (2 if clip_type == "Clip" else 3)   # unfused: every activation on its own
     plan = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(model)).compile()
     assert len(plan.chains) == 1   # the 1x1 expansion and the stride-2 depthwise conv after it run as one kernel
-    assert len(plan.projections) == 1 and len(projected) == 1 and projected[0] is not None   # and the 1x1 after
+    assert len(plan.projections) == 1 and len(ran) == 1 and ran[0] is not None   # and the 1x1 after it
+    assert ran[0].shape[1] == 8   # the projection's result (the depthwise conv's has 24 channels)
     for got, unhooked, want in zip(fused, unfused, expected):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
         np.testing.assert_array_equal(got, unhooked)
@@ -313,8 +314,8 @@ def test_expansion_depthwise_and_projection_as_one_kernel_equal_the_three(stride
         _conv_channels_last.depthwise(_conv_channels_last.pointwise(x, w1, b1, np.float32, clip), w2, b2,
                                       (1, 1, 1, 1), (stride, stride), (1, 1), np.float32, clip),
         w3, b3, np.float32, clip)
-    joined = _conv_channels_last.expand_depthwise_project(x, (w1, b1, clip), (w2, b2, clip), (w3, b3, clip),
-                                                          (1, 1, 1, 1), (stride, stride), (1, 1))
+    joined = _conv_channels_last.expand_then_depthwise(x, (w1, b1, clip), (w2, b2, clip), (1, 1, 1, 1),
+                                                       (stride, stride), (1, 1), (w3, b3, clip))
     np.testing.assert_array_equal(joined, separate)
     assert _conv_channels_last.is_channels_last(joined)
 

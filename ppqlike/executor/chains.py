@@ -21,7 +21,7 @@ from .fusion import activation_bounds, clip_epilogue, configs_let_fuse, grid_edg
 from .integer_codes import integer_codes
 from .onnxruntime_chains import conv_codes, expand_then_depthwise_codes, input_on_grid
 from .onnxruntime_kernels import applied_root
-from .ops._conv_channels_last import expand_depthwise_project, expand_then_depthwise
+from .ops._conv_channels_last import expand_then_depthwise
 from .ops.conv import conv2d_geometry
 from .ops.tensor import zero_spatial_pads
 from .simulation import argument_grids, grid_key, keeps_grid, passes_through, quantize_inputs
@@ -111,8 +111,9 @@ def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argu
     if projection is not None and all(steps[i].operation.config is None for i in chain + (index,) + projection
                                       if i is not None):
         third = [argument(name) for name in steps[projection[0]].inputs[1:]]
-        out = expand_depthwise_project(x, first_conv, second_conv, (third[0], third[1] if len(third) > 1 else None,
-                                       clip_epilogue(_bounds(steps, projection[1], argument, opset))), *geometry)
+        out = expand_then_depthwise(x, first_conv, second_conv, *geometry,
+                                    (third[0], third[1] if len(third) > 1 else None,
+                                     clip_epilogue(_bounds(steps, projection[1], argument, opset))))
         if out is not None:
             return out, None, True
     out = expand_then_depthwise(x, first_conv, second_conv, *geometry)
