@@ -47,10 +47,8 @@ def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = fro
     chains = {}
     for index, first in enumerate(order):
         integer = wants_runtime_kernel(first)
-        weight = _conv_weight(first, integer)
-        if weight is None or weight.shape[2:] != (1, 1) or int(first.attributes.get("group", 1)) != 1 \
-                or any(int(v) != 1 for v in first.attributes.get("strides", [1, 1])) \
-                or any(int(v) != 0 for v in first.attributes.get("pads", [0, 0, 0, 0])):
+        weight = _pointwise_weight(first, integer)
+        if weight is None:
             continue
         activation = partners.get(index)
         middle = order[activation].outputs[0] if activation is not None else first.outputs[0]
@@ -88,14 +86,21 @@ def chain_projections(order: list, keep: set, chains: dict, partners: dict) -> d
         if result.name in keep or len(readers) != 1 or readers[0].name not in position:
             continue
         third = readers[0]
-        weight = _conv_weight(third, False)
-        if weight is None or weight.shape[2:] != (1, 1) or int(third.attributes.get("group", 1)) != 1 \
-                or third.inputs[0] is not result or any(v is result for v in third.inputs[1:]) \
-                or any(int(v) != 1 for v in third.attributes.get("strides", [1, 1])) \
-                or any(int(v) != 0 for v in third.attributes.get("pads", [0, 0, 0, 0])):
+        if _pointwise_weight(third) is None or third.inputs[0] is not result \
+                or any(v is result for v in third.inputs[1:]):
             continue
         projections[index] = (position[third.name], partners.get(position[third.name]))
     return projections
+
+
+def _pointwise_weight(operation: Operation, integer: bool = False):
+    """``_conv_weight`` of a 1x1 Conv with stride 1, no pads and one group, or None."""
+    weight = _conv_weight(operation, integer)
+    if weight is None or weight.shape[2:] != (1, 1) or int(operation.attributes.get("group", 1)) != 1 \
+            or any(int(v) != 1 for v in operation.attributes.get("strides", [1, 1])) \
+            or any(int(v) != 0 for v in operation.attributes.get("pads", [0, 0, 0, 0])):
+        return None
+    return weight
 
 
 def _conv_weight(operation: Operation, integer: bool = False):

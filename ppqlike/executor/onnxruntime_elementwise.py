@@ -82,9 +82,9 @@ def _binary(arithmetic: Callable, scalars: bool):
         codes = as_codes and np.asarray(output.scale).dtype == _F32 and per_tensor(output)
         finish = (lambda q: Codes(q, output)) if codes else (lambda values: values)
         if a.size + b.size >= _TABLE_MIN:
-            grids = tuple((np.asarray(c.scale).dtype.str, np.asarray(c.scale).tobytes(), np.asarray(c.offset).tobytes())
-                          for c in (configs[0], configs[1], output))
-            key = (arithmetic, grids, tuple(zeros), int(low), int(high), codes)
+            grids = tuple((np.asarray(v).dtype.str, np.asarray(v).tobytes())
+                          for c in (configs[0], configs[1], output) for v in (c.scale, c.offset))
+            key = (arithmetic, grids, int(low), int(high), codes)   # the zero points are in the grids
             looked_up = _pair_lookup(compute, [c.quant_min - z for c, z in zip(configs, zeros)],
                                      [c.quant_max - z for c, z in zip(configs, zeros)], a, b, key)
             if looked_up is not None:

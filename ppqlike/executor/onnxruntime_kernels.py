@@ -57,7 +57,7 @@ from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
 from .integer_codes import (Codes, bias_codes, channel_chunks, code_bound, integer_codes, largest_magnitude,
                             per_tensor, zero_point)
 from .onnxruntime_elementwise import qlinear_add_kernel, qlinear_mul_kernel
-from .ops._threads import parallel_items
+from .ops._threads import parallel_over
 from .simulation import grid_key
 
 RUNTIME_KERNEL = RUNTIME_KERNEL_ONNXRUNTIME
@@ -162,10 +162,8 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
         multiplier = np.full(q.shape[axis], multiplier[0], _F32)
     blocks = channel_view(q, axis if multiplier.size > 1 else None)   # q in memory order, channels middle
     factors = multiplier.reshape(1, -1, 1)
-    chunks = list(channel_chunks(blocks.shape, _REQUANTIZE_BLOCK))
-
-    def requantize_chunk(index, _):   # elementwise: the chunks on the kernel threads
-        rows, channels = chunks[index]
+    def requantize_chunk(chunk):   # elementwise: the chunks on the kernel threads
+        rows, channels = chunk
         block, factor = blocks[rows, channels], factors[:, channels]
         if bias is not None:
             np.add(block, bias[channels].reshape(factor.shape), out=block)
@@ -175,7 +173,7 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
             np.clip(block, low, high, out=block)
         if not as_codes:
             np.multiply(block, scale, out=block)   # S * (q - z): output.dequantize's float32 arithmetic
-    parallel_items(requantize_chunk, len(chunks))
+    parallel_over(requantize_chunk, list(channel_chunks(blocks.shape, _REQUANTIZE_BLOCK)))
     return Codes(q, output) if as_codes else q
 
 

@@ -31,7 +31,7 @@ from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applie
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 from ..core.rounding import RoundingPolicy, round_into
 from .integer_codes import Codes, channel_chunks, values_of
-from .ops._threads import parallel_items
+from .ops._threads import parallel_over
 
 _REQUANTIZE_OUTPUT_BLOCK = 1 << 17   # elements per chunk of requantize_output: its ~11 passes each a numpy call,
                                      # so chunks large enough that two threads seldom wait for the GIL
@@ -134,10 +134,8 @@ def requantize_output(config: TensorQuantizationConfig, value):
     result = empty_like_dense(value, np.float32)
     source = channel_view(value, axis if per_channel else None)   # the factors along its middle axis
     out = channel_view(result, axis if per_channel else None)
-    chunks = list(channel_chunks(source.shape, _REQUANTIZE_OUTPUT_BLOCK))
-
-    def requantize_chunk(index, _):   # elementwise: the chunks on the kernel threads
-        rows, channel_range = chunks[index]
+    def requantize_chunk(chunk):   # elementwise: the chunks on the kernel threads
+        rows, channel_range = chunk
         block = source[rows, channel_range]
         if per_channel:
             factors = accumulator_scale[channel_range].reshape(1, -1, 1)
@@ -147,7 +145,7 @@ def requantize_output(config: TensorQuantizationConfig, value):
         acc = np.divide(block, factors, dtype=np.float64)
         np.rint(acc, out=acc)
         _requantize_block(acc, m, r, config, per_channel, out[rows, channel_range])
-    parallel_items(requantize_chunk, len(chunks))
+    parallel_over(requantize_chunk, list(channel_chunks(source.shape, _REQUANTIZE_OUTPUT_BLOCK)))
     return result
 
 
