@@ -365,7 +365,8 @@ def _chain_codes(operation, graph):
 def test_fake_quantized_expansion_chain_runs_as_one_kernel(platform, runtime_kernels, tmp_path, monkeypatch):
     """Where the convs run float kernels (TensorRT-style fake quantization, or onnxruntime's QDQ
     semantics), the chain runs ``expand_then_depthwise`` with each block clipped and fake-quantized in
-    cache; equal to the ops run one by one bit for bit, and close to onnxruntime running the QDQ
+    cache, the projection after it inside too; the stem Conv and its Clip quantize in the conv kernel's
+    blocks; equal to the ops run one by one bit for bit, and close to onnxruntime running the QDQ
     export unoptimized."""
     from ppqlike.executor import OperationHook
     from ppqlike.executor import chains as chains_module
@@ -374,11 +375,12 @@ def test_fake_quantized_expansion_chain_runs_as_one_kernel(platform, runtime_ker
     calibration = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) * 2 for _ in range(2)]
     graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform=platform)
     model = onnx.load(api.export_ppq_graph(graph, platform, tmp_path / "q.onnx")[0])
-    ran = _recorded(monkeypatch, "expand_then_depthwise", chains_module)
+    ran = _recorded(monkeypatch, "expand_then_depthwise", chains_module,
+                    lambda arguments, result: (len(arguments) == 7 and arguments[6] is not None, result is not None))
     x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32) * 2
     executor = NumpyExecutor(graph, runtime_kernels=runtime_kernels)
     chained = executor.forward(x)[0]
-    assert len(ran) == 1 and ran[0] is not None
+    assert ran == [(True, True)]   # with the projection
     np.testing.assert_array_equal(chained, executor.forward(x, hooks=[OperationHook()])[0])
     step = float(graph.operations["gap"].config.output_quantization_config[0].scale)
     deployed = run_qdq_model(model, {"x": x}, optimization="disable")[0]

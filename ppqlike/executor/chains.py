@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fusion import activation_bounds, clip_epilogue, configs_let_fuse, grid_edges
+from .fusion import activation_bounds, clip_epilogue, grid_edges, quantizing_epilogue
 from .integer_codes import integer_codes
 from .onnxruntime_chains import conv_codes, expand_then_depthwise_codes, input_on_grid
 from .onnxruntime_kernels import applied_root
@@ -25,7 +25,6 @@ from .ops._conv_channels_last import expand_then_depthwise
 from .ops.conv import conv2d_geometry
 from .ops.tensor import zero_spatial_pads
 from .simulation import argument_grids, grid_key, keeps_grid, passes_through, quantize_inputs
-from ..core.quant import is_applied
 from ..core.quant_graph import input_config, output_config, overlapped_root
 
 
@@ -56,29 +55,10 @@ def _bounds(steps, index, argument, opset):
 
 
 def _float_stage(steps: list, conv: int, activation: int | None, argument, opset: int):
-    """(in-place work on each block of a float Conv's result, the grid key the block ends on) for one
-    Conv of a float chain and its Relu/Clip: the clip, then the output quantization that follows
-    (per tensor, no requantization); None when the configs ask for more."""
-    operation = steps[conv].operation
-    clip = None
-    if activation is not None:
-        if not configs_let_fuse(operation, steps[activation].operation):
-            return None
-        clip = clip_epilogue(_bounds(steps, activation, argument, opset))
-        operation = steps[activation].operation
-    config = output_config(operation)
-    if passes_through(config):
-        return clip, None
-    if not is_applied(config.state) or config.requantization is not None or np.size(config.scale) != 1:
-        return None
-
-    def quantize(block: np.ndarray, out: np.ndarray | None = None) -> None:
-        target = block if out is None else out
-        if clip is not None:
-            clip(block, target)
-            block = target
-        config.fake_quantize(block, out=target)
-    return quantize, grid_key(config)
+    """``fusion.quantizing_epilogue`` of one Conv of a float chain (step ``conv``) and its Relu/Clip (step
+    ``activation`` or None)."""
+    return quantizing_epilogue(steps[conv].operation, None if activation is None else steps[activation].operation,
+                               _bounds(steps, activation, argument, opset))
 
 
 def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int,
@@ -88,7 +68,7 @@ def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argu
 
     ``arguments``: the first Conv's inputs, before its input configs.  ``projection``: (the 1x1 Conv that
     alone reads the chain's result, its Relu/Clip or None; ``fusion.chain_projections``), run inside too
-    when no config touches the ops (the FP32 graph)."""
+    when its configs let it (``_projection_conv``)."""
     first_activation, pad, second, second_activation = chain
     first, depthwise = steps[index], steps[second]
     stages = [_float_stage(steps, index, first_activation, argument, opset),
@@ -108,16 +88,27 @@ def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argu
         return None
     first_conv = (weight, arguments[2] if len(arguments) > 2 else None, stages[0][0])
     second_conv = (filters[0], filters[1] if len(filters) > 1 else None, stages[1][0])
-    if projection is not None and all(steps[i].operation.config is None for i in chain + (index,) + projection
-                                      if i is not None):
-        third = [argument(name) for name in steps[projection[0]].inputs[1:]]
-        out = expand_then_depthwise(x, first_conv, second_conv, *geometry,
-                                    (third[0], third[1] if len(third) > 1 else None,
-                                     clip_epilogue(_bounds(steps, projection[1], argument, opset))))
+    if projection is not None:
+        third = _projection_conv(steps, projection, stages[1][1], argument, grids, opset)
+        out = None if third is None else expand_then_depthwise(x, first_conv, second_conv, *geometry, third[0])
         if out is not None:
-            return out, None, True
+            return out, third[1], True
     out = expand_then_depthwise(x, first_conv, second_conv, *geometry)
     return None if out is None else (out, stages[1][1], False)
+
+
+def _projection_conv(steps: list, projection: tuple, lies_on: tuple | None, argument, grids: dict, opset: int):
+    """((weight, bias, epilogue) of a chain's projection, the grid key its result ends on), or None when its
+    configs ask for more than the float chain does; ``lies_on``: the grid key of the chain's result."""
+    conv, activation = projection
+    operation = steps[conv].operation
+    stage = _float_stage(steps, conv, activation, argument, opset)
+    data = input_config(operation, 0)
+    if stage is None or not (passes_through(data) or keeps_grid(data, lies_on)):
+        return None
+    parameters = quantize_inputs(operation, [None] + [argument(name) for name in steps[conv].inputs[1:]],
+                                 steps[conv].inputs, grids)[1:]
+    return (parameters[0], parameters[1] if len(parameters) > 1 else None, stage[0]), stage[1]
 
 
 def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int):

@@ -27,7 +27,7 @@ from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activation_bounds, activation_partners,
                      chain_projections, clip_epilogue, configs_let_fuse, expand_chains, fusable, grid_edges,
-                     pad_folds, run_on_codes)
+                     pad_folds, quantizing_epilogue, run_on_codes)
 from .chains import output_grid, run_float_chain, run_integer_chain
 from .integer_codes import Codes, values_hold_codes, values_of
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
@@ -273,7 +273,9 @@ class NumpyExecutor:
             clip = None    # a fused Relu/Clip the conv kernel applies itself, block by block
             edges = None   # or the integer kernel clamps to, on its output grid
             bounds = None  # that Relu/Clip's, when the configs let it fuse
-            if partner is not None and configs_let_fuse(operation, plan.steps[partner].operation):
+            inside = None  # (the grid key or None,) when the epilogue also quantizes the output (or activation's)
+            fuses = partner is not None and configs_let_fuse(operation, plan.steps[partner].operation)
+            if fuses:
                 activation = plan.steps[partner]
                 bounds = activation_bounds(activation.operation, self._bound_inputs(activation, values),
                                            self.graph.opset)
@@ -281,6 +283,11 @@ class NumpyExecutor:
                     edges = grid_edges(activation.operation, bounds, output_grid(operation))
                 elif getattr(step.kernel, "takes_epilogue", False):
                     clip = clip_epilogue(bounds)
+            if not runtime and not hooks and getattr(step.kernel, "takes_epilogue", False) and arguments \
+                    and getattr(arguments[0], "dtype", None) == np.float32:
+                stage = quantizing_epilogue(operation, plan.steps[partner].operation if fuses else None, bounds)
+                if stage is not None and (fuses or stage[0] is not None):
+                    clip, inside = stage[0], stage[1:]
             try:
                 results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, grids_of_arguments,
                                                            clip, extra_pads, edges, as_codes=not hooks)
@@ -290,6 +297,12 @@ class NumpyExecutor:
                 shapes = [None if a is None else list(np.shape(a)) for a in arguments]
                 raise ExecutionError(f"{operation.type} node {operation.name!r} failed on input shapes "
                                      f"{shapes}: {type(error).__name__}: {error}") from error
+            if inside is not None:   # clipped and quantized block by block in the kernel
+                if fuses:
+                    fused_into[partner] = True
+                self._store(plan.steps[partner].outputs if fuses else step.outputs, results, inside[0], values, grids)
+                _release(step, values)
+                continue
             on_edges = on_output_grid and edges is not None   # the integer kernel did the activation
             if partner is not None and not on_edges:
                 results = [values_of(value) for value in results]
@@ -356,6 +369,16 @@ class NumpyExecutor:
             if skipped is not None:
                 fused_into[skipped] = True
         return True
+
+    @staticmethod
+    def _store(names: tuple, results: list, key: tuple | None, values: dict, grids: dict) -> None:
+        """Results under their names, recorded on grid ``key`` (None: on none)."""
+        for name, value in zip(names, results):
+            values[name] = value
+            if key is None:
+                grids.pop(name, None)
+            else:
+                grids[name] = key
 
     def _argument(self, name: str | None, values: dict):
         """The value of a step's input ``name`` (None for an omitted one); ``Codes`` turned into values."""

@@ -15,10 +15,11 @@ import numpy as np
 
 from ..core.ir import Operation
 from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS, VALUE_PRESERVING_TYPES
+from ..core.quant import is_applied
 from ..core.quant_graph import input_config, output_config, quantizes
 from .integer_codes import Codes
 from .onnxruntime_kernels import wants_runtime_kernel
-from .simulation import keeps_grid, passes_through, quantize_inputs, quantize_outputs
+from .simulation import grid_key, keeps_grid, passes_through, quantize_inputs, quantize_outputs
 
 
 def activation_partners(order: list, keep: set) -> dict:
@@ -75,9 +76,9 @@ def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = fro
 
 def chain_projections(order: list, keep: set, chains: dict, partners: dict) -> dict:
     """Step index of a chain's 1x1 Conv -> (the step index of the 1x1 Conv (stride 1, no pads, one group,
-    float kernels) that alone reads the chain's result - MobileNet's projection -, that Conv's Relu/Clip's
-    index or None), for the chains that have one: a float chain may then run it too, its input never going
-    to memory whole."""
+    marked for onnxruntime's integer kernels as the chain's Convs are) that alone reads the chain's result -
+    MobileNet's projection -, that Conv's Relu/Clip's index or None), for the chains that have one: a float
+    chain may then run it too, its input never going to memory whole."""
     position = {op.name: i for i, op in enumerate(order)}
     projections = {}
     for index, (_, _, second, last) in chains.items():
@@ -86,7 +87,7 @@ def chain_projections(order: list, keep: set, chains: dict, partners: dict) -> d
         if result.name in keep or len(readers) != 1 or readers[0].name not in position:
             continue
         third = readers[0]
-        if _pointwise_weight(third) is None or third.inputs[0] is not result \
+        if _pointwise_weight(third, wants_runtime_kernel(order[index])) is None or third.inputs[0] is not result \
                 or any(v is result for v in third.inputs[1:]):
             continue
         projections[index] = (position[third.name], partners.get(position[third.name]))
@@ -207,6 +208,32 @@ def activate_in_place(activation: Operation, output_names: tuple, value: np.ndar
     if clip is not None:
         clip(value)
     return quantize_outputs(activation, [value], output_names, grids, fresh=(True,))
+
+
+def quantizing_epilogue(producer: Operation, activation: Operation | None, bounds: tuple | None):
+    """(the work on each block of a float kernel's result - the clip of a fused Relu/Clip ``activation`` of
+    ``bounds``, then the per-tensor fake quantization of the output config after it -, the grid key the
+    block ends on or None), or None when the configs ask for more (a quantization between the producer and
+    its activation, a requantization, a per-channel output).  The epilogue takes ``(block, out=None)`` as
+    ``clip_epilogue``'s does; elementwise, so its blocks give the whole tensor's values bit for bit."""
+    clip = None
+    if activation is not None:
+        if not configs_let_fuse(producer, activation):
+            return None
+        clip = clip_epilogue(bounds)
+    config = output_config(activation if activation is not None else producer)
+    if passes_through(config):
+        return clip, None
+    if not is_applied(config.state) or config.requantization is not None or np.size(config.scale) != 1:
+        return None
+
+    def quantize(block: np.ndarray, out: np.ndarray | None = None) -> None:
+        target = block if out is None else out
+        if clip is not None:
+            clip(block, target)
+            block = target
+        config.fake_quantize(block, out=target)
+    return quantize, grid_key(config)
 
 
 def clip_epilogue(bounds: tuple | None):
