@@ -25,9 +25,9 @@ import numpy as np
 
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
-from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activation_bounds, activation_partners,
-                     chain_projections, clip_epilogue, configs_let_fuse, expand_chains, fusable, grid_edges,
-                     pad_folds, quantizing_epilogue, run_on_codes)
+from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activate_on_grid, activation_bounds,
+                     activation_partners, chain_projections, clip_epilogue, configs_let_fuse, expand_chains, fusable,
+                     grid_edges, pad_folds, quantizing_epilogue, run_on_codes)
 from .chains import output_grid, run_float_chain, run_integer_chain
 from .integer_codes import Codes, values_hold_codes, values_of
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
@@ -301,6 +301,9 @@ class NumpyExecutor:
                 if fuses:
                     fused_into[partner] = True
                 self._store(plan.steps[partner].outputs if fuses else step.outputs, results, inside[0], values, grids)
+                if partner is not None and not fuses \
+                        and self._activate_on_grid(plan.steps[partner], step, results, values, grids):
+                    fused_into[partner] = True
                 _release(step, values)
                 continue
             on_edges = on_output_grid and edges is not None   # the integer kernel did the activation
@@ -319,6 +322,11 @@ class NumpyExecutor:
                 continue
             results = quantize_outputs(operation, results, step.outputs, grids, on_output_grid,
                                        fresh_results(operation, results, arguments))
+            if partner is not None and not fuses and not runtime \
+                    and self._activate_on_grid(plan.steps[partner], step, results, values, grids):
+                fused_into[partner] = True   # the quantized result, which the activation clips to grid edges
+                _release(step, values)
+                continue
             for hook in hooks:
                 replaced = hook.after_operation(operation, arguments, results)
                 if replaced is not None:
@@ -368,6 +376,19 @@ class NumpyExecutor:
         for skipped in (first_activation, pad, second, second_activation, projection, projection_activation):
             if skipped is not None:
                 fused_into[skipped] = True
+        return True
+
+    def _activate_on_grid(self, activation: _Step, step: _Step, results: list, values: dict, grids: dict) -> bool:
+        """Run ``activation``, the Relu/Clip that alone reads ``step``'s quantized result, in place on it by
+        ``fusion.activate_on_grid``; False (nothing done) when that does not apply."""
+        if len(results) != 1:
+            return False
+        bounds = activation_bounds(activation.operation, self._bound_inputs(activation, values), self.graph.opset)
+        activated = activate_on_grid(activation.operation, activation.outputs, results[0], grids.get(step.outputs[0]),
+                                     bounds, grids)
+        if activated is None:
+            return False
+        self._store(activation.outputs, activated, grids.get(activation.outputs[0]), values, grids)
         return True
 
     @staticmethod

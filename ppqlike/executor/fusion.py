@@ -222,6 +222,8 @@ def quantizing_epilogue(producer: Operation, activation: Operation | None, bound
             return None
         clip = clip_epilogue(bounds)
     config = output_config(activation if activation is not None else producer)
+    if config is not None and config.requantization is not None and quantizes(config, "output"):
+        return None
     if passes_through(config):
         return clip, None
     if not is_applied(config.state) or config.requantization is not None or np.size(config.scale) != 1:
@@ -234,6 +236,19 @@ def quantizing_epilogue(producer: Operation, activation: Operation | None, bound
             block = target
         config.fake_quantize(block, out=target)
     return quantize, grid_key(config)
+
+
+def activate_on_grid(activation: Operation, output_names: tuple, value, lies_on: tuple | None, bounds: tuple | None,
+                     grids: dict) -> list | None:
+    """A Relu/Clip of ``bounds`` whose input ``value`` (its producer's fresh result, read by nothing else)
+    lies on grid ``lies_on`` that its output config keeps (a TPU-style requantized output): one clip in
+    place to ``grid_edges`` does the activation and its output quantization (``activate_in_place``);
+    None (nothing done) when that does not apply."""
+    if lies_on is None or not passes_through(input_config(activation, 0)) \
+            or not (isinstance(value, np.ndarray) and value.dtype == np.float32 and value.flags.writeable) \
+            or grid_edges(activation, bounds, lies_on) is None:
+        return None
+    return activate_in_place(activation, output_names, value, bounds, grids, lies_on)
 
 
 def clip_epilogue(bounds: tuple | None):

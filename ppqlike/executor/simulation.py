@@ -77,6 +77,18 @@ def grid_key(config: TensorQuantizationConfig | None) -> tuple | None:
     """
     if config is None or not is_applied(config.state) or awaits_master(config):
         return None
+    return _grid_of(config)
+
+
+def requantized_grid(config: TensorQuantizationConfig | None) -> tuple | None:
+    """The grid key of the values ``requantize_output`` makes through ``config`` (S * (q - z) with q in
+    its range: the values its fake quantization would make), or None where it does not requantize."""
+    if config is None or config.requantization is None or not quantizes(config, "output"):
+        return None
+    return _grid_of(config)
+
+
+def _grid_of(config: TensorQuantizationConfig) -> tuple | None:
     if config.quant_max - config.quant_min >= 1 << 21:
         return None
     scale, offset = np.asarray(config.scale), np.asarray(config.offset)
@@ -242,7 +254,7 @@ def quantize_outputs(operation: Operation, results: list, names: tuple = (), gri
         return results
     quantized = list(results)
     for index, (tqc, value) in enumerate(zip(config.output_quantization_config, results)):
-        key = grid_key(tqc)
+        key = grid_key(tqc) if tqc is None or tqc.requantization is None else requantized_grid(tqc)
         if not (on_output_grid and key is not None and tqc.requantization is None):
             in_place = index < len(fresh) and fresh[index]
             quantized[index] = apply_output_config(tqc, values_of(value), in_place)
