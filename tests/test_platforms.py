@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import ppqlike
 from ppqlike.api import quantize_onnx_model
@@ -127,6 +128,41 @@ def test_tpu_activations_clip_the_requantized_outputs_in_place(monkeypatch):
     for got, want in zip(plain, hooked):
         np.testing.assert_array_equal(got, want)
     assert plain[0].min() == 0 and (hooked[0] == 0).mean() > 0.2   # the Relu did clip
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), ratio_exponent=st.integers(-18, -2), largest=st.sampled_from([200, 40000, 2 ** 22]),
+       policy=st.sampled_from(list(RoundingPolicy)), grid=st.sampled_from([(-128, 127, 0), (0, 255, 0), (0, 255, 128),
+                                                                          (-127, 127, 0), (-8, 7, 0)]))
+def test_integer_requantization_equals_the_int64_formula(seed, ratio_exponent, largest, policy, grid):
+    """``requantize_output`` (float64 blocks: without a data check where the shift allows, after one
+    otherwise, int64 beyond) equals the int64 multiply, rounding right shift and clamp for every
+    rounding policy, grid and shift (2^-20 .. 2^-3 output-to-accumulator ratios: shifts 33 .. 50),
+    halfway cases included."""
+    from ppqlike.core.quant import QuantizationStates, TensorQuantizationConfig
+    from ppqlike.core.quant_policy import QuantizationProperty
+    from ppqlike.core.requantization import IntegerRequantization
+    from ppqlike.executor.simulation import requantize_output
+    quant_min, quant_max, offset = grid
+    rng = np.random.default_rng(seed)
+    channels = 6
+    accumulator_scale = 2.0 ** ratio_exponent * rng.uniform(0.5, 1.0, channels) * 0.05
+    accumulator_scale[0] = 2.0 ** ratio_exponent * 0.05   # a power-of-two ratio: M0 = 2^30, ties happen
+    multiplier, shift = numerics.scale_to_multiplier_shift(accumulator_scale / 0.05)
+    codes = rng.integers(-largest, largest, (2, channels, 9, 9))
+    odd = 2 * rng.integers(-largest >> -ratio_exponent, (largest >> -ratio_exponent) + 1, (9, 9)) + 1
+    codes[0, 0] = odd << (-ratio_exponent - 1)   # acc * 2^ratio_exponent: halfway between two integers
+    value = codes * accumulator_scale.reshape(1, -1, 1, 1)   # float64: the codes stay exact
+    facts = IntegerRequantization.from_arrays(multiplier, shift, accumulator_scale, 1)
+    config = TensorQuantizationConfig(QuantizationProperty.ASYMMETRICAL | QuantizationProperty.LINEAR |
+                                      QuantizationProperty.PER_TENSOR, policy, 8 if quant_max > 7 else 4,
+                                      quant_min, quant_max, scale=np.float32(0.05), offset=offset,
+                                      state=QuantizationStates.ACTIVATED)
+    config.requantization = facts
+    acc = np.rint(value / accumulator_scale.reshape(1, -1, 1, 1)).astype(np.int64)
+    q = numerics.requantize(acc, np.asarray(multiplier), np.asarray(shift), offset, quant_min, quant_max, policy,
+                            channel_axis=1)
+    np.testing.assert_array_equal(requantize_output(config, value), numerics.dequantize(q, np.float32(0.05), offset))
 
 
 def test_every_platform_has_a_policy_and_quantizes():

@@ -31,7 +31,7 @@ from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applie
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 from ..core.rounding import RoundingPolicy, round_into
 from .integer_codes import Codes, channel_chunks, values_of
-from .ops._threads import parallel_over
+from .ops._threads import parallel_items
 
 _REQUANTIZE_OUTPUT_BLOCK = 1 << 17   # elements per chunk of requantize_output: its ~11 passes each a numpy call,
                                      # so chunks large enough that two threads seldom wait for the GIL
@@ -134,8 +134,8 @@ def requantize_output(config: TensorQuantizationConfig, value):
     stored integer multiplier and right shift under the config's rounding,
     and dequantized with the output scale.  Elementwise, so it runs a
     cache-sized block at a time (whole channels' slices of the per-channel
-    factors with each), which keeps its int64 temporaries in cache, the
-    blocks on the kernel threads.
+    factors with each), the blocks on the kernel threads, each with float64
+    buffers of its own.
     """
     facts = config.requantization
     axis = facts.channel_axis % value.ndim
@@ -146,46 +146,59 @@ def requantize_output(config: TensorQuantizationConfig, value):
     result = empty_like_dense(value, np.float32)
     source = channel_view(value, axis if per_channel else None)   # the factors along its middle axis
     out = channel_view(result, axis if per_channel else None)
-    def requantize_chunk(chunk):   # elementwise: the chunks on the kernel threads
-        rows, channel_range = chunk
+    chunks = list(channel_chunks(source.shape, _REQUANTIZE_OUTPUT_BLOCK))
+    largest = max((source[rows, channels].size for rows, channels in chunks), default=0)
+
+    def requantize_chunk(index, buffers):   # elementwise: the chunks on the kernel threads
+        rows, channel_range = chunks[index]
         block = source[rows, channel_range]
         if per_channel:
             factors = accumulator_scale[channel_range].reshape(1, -1, 1)
             m, r = multiplier[channel_range], shift[channel_range]
         else:
             factors, m, r = accumulator_scale[0], int(multiplier[0]), int(shift[0])
-        acc = np.divide(block, factors, dtype=np.float64)
+        acc, scratch = (b[:block.size].reshape(block.shape) for b in buffers)
+        np.divide(block, factors, out=acc, dtype=np.float64)
         np.rint(acc, out=acc)
-        _requantize_block(acc, m, r, config, per_channel, out[rows, channel_range])
-    parallel_over(requantize_chunk, list(channel_chunks(source.shape, _REQUANTIZE_OUTPUT_BLOCK)))
+        _requantize_block(acc, scratch, m, r, config, per_channel, out[rows, channel_range])
+    parallel_items(requantize_chunk, len(chunks), lambda: (np.empty(largest), np.empty(largest)))
     return result
 
 
-def _requantize_block(acc: np.ndarray, multiplier, shift, config: TensorQuantizationConfig, per_channel: bool,
-                      target: np.ndarray) -> None:
-    """One block of ``requantize_output``: the integer accumulator ``acc`` (float64 integers, overwritten)
-    to output values, written into ``target`` (float32).
+def _requantize_block(acc: np.ndarray, scratch: np.ndarray, multiplier, shift, config: TensorQuantizationConfig,
+                      per_channel: bool, target: np.ndarray) -> None:
+    """One block of ``requantize_output``: the integer accumulator ``acc`` (float64 integers, overwritten;
+    ``scratch`` a float64 buffer of its shape) to output values, written into ``target`` (float32).
 
-    While max|acc| * max M0 < 2^53, acc * (M0 * 2^-shift) is exact in float64 (M0 * 2^-shift is, and
-    the product's significand fits), so rounding it under the config's policy gives exactly the
-    integers of the int64 multiply and rounding right shift, several passes cheaper; larger
-    products take that int64 path.  The values S * (q - z): the float64 product of the integer
-    (below 2^24) and the float32 S is exact, so its float32 rounding is dequantize's float32 product.
+    t = acc * (M0 * 2^-shift) in float64 rounds under the config's policy to the integer of the int64
+    multiply and rounding right shift when
+    * shift + bits(L) <= 53, L = max(|qmin - z|, |qmax - z|) + 1: where |t| < L its rounding error is
+      below half an ulp of L, under the 2^-shift that parts a multiple of 2^-shift from any other half
+      integer, so no decision moves; where |t| >= L the clamp decides either way (rounding is monotone);
+    * or max|acc| * max M0 < 2^53 (two more passes to find): then t is exact.
+    Otherwise the int64 path.  The values S * (q - z): the float64 product of the integer (below 2^24)
+    and the float32 S is exact, so its float32 rounding is dequantize's float32 product.
     """
     offset = int(config.offset)
-    largest = max(float(acc.max(initial=0.0)), -float(acc.min(initial=0.0)))
-    bound = largest * float(np.max(np.abs(multiplier)))
+    reach = max(abs(config.quant_min - offset), abs(config.quant_max - offset)) + 1
     scale = np.asarray(config.scale)
-    if bound >= 2.0 ** 53 or scale.dtype != np.float32 or scale.size != 1:
+    exact = int(np.max(shift)) + reach.bit_length() <= 53 \
+        or max(float(acc.max(initial=0.0)), -float(acc.min(initial=0.0))) * float(np.max(np.abs(multiplier))) < 2.0 ** 53
+    if not exact or scale.dtype != np.float32 or scale.size != 1:
         q = numerics.requantize(acc.astype(np.int64), multiplier, shift, offset, config.quant_min, config.quant_max,
                                 config.rounding, channel_axis=1 if per_channel else None)
         target[...] = numerics.dequantize(q, config.scale, config.offset)
         return
     ratio = np.ldexp(np.asarray(multiplier, np.float64), -np.asarray(shift, np.int64))
     t = np.multiply(acc, ratio.reshape(1, -1, 1) if per_channel else ratio, out=acc)
-    rounded = round_into(t, np.empty_like(t), config.rounding)   # t: its scratch
-    np.clip(rounded, config.quant_min - offset, config.quant_max - offset, out=rounded)   # (q - z), q in range
-    np.multiply(rounded, np.float64(scale.reshape(())), out=target, casting="same_kind")
+    rounded = round_into(t, scratch, config.rounding)   # t: its scratch
+    step = np.float64(scale.reshape(()))
+    with np.errstate(over="ignore"):   # codes far out of range: inf, which the clamp below takes to its edge
+        np.multiply(rounded, step, out=target, casting="same_kind")
+    # the clamp of q into range on the values, in float32 (S * code is monotone in the code, and the edges
+    # are the products S * (qmin - z), S * (qmax - z) rounded as the values are)
+    np.clip(target, np.float32((config.quant_min - offset) * step), np.float32((config.quant_max - offset) * step),
+            out=target)
 
 
 def apply_output_config(config: TensorQuantizationConfig | None, value, in_place: bool = False):
