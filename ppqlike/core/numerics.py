@@ -145,7 +145,8 @@ def dequantize(q, scale, offset, channel_axis: int | None = None) -> np.ndarray:
 def fake_quantize(x, scale, offset, quant_min: int, quant_max: int,
                   rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN,
                   channel_axis: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
-    """dequantize(quantize(x)) in float32, bit-identical to the two-step path.
+    """dequantize(quantize(x)) in float32, the two-step path's values bit for bit, but for the sign of a
+    zero: where x / S rounds to -0.0 a zero code may come out -0.0 (which path runs decides it).
 
     One new array (or ``out``, which may be ``x`` itself), rounded, clamped and
     rescaled in place; a per-tensor float32 one block at a time, so that the

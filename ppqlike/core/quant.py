@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ppqlike.core import numerics
+from ppqlike.core.clipped_quantization import fake_quantize_clipped
 from ppqlike.core.errors import QuantizationStateError
 from ppqlike.core.quant_grid import QuantGridBase, default_quant_range, readonly
 from ppqlike.core.quant_policy import QuantizationPolicy, QuantizationProperty
@@ -305,6 +306,12 @@ class TensorQuantizationConfig(QuantGridBase):
         """dequantize(quantize(x)) as float32 with the scale/offset in use (into ``out`` when given;
         ``out`` may be ``x``)."""
         return self._call(numerics.fake_quantize, x, **({} if out is None else {"out": out}))
+
+    def fake_quantize_clipped(self, x, low, high, out: np.ndarray) -> np.ndarray:
+        """fake_quantize(clip(x, low, high)) into ``out`` (a Relu/Clip before this per-tensor quantization;
+        ``clipped_quantization``: one pass fewer where exact)."""
+        scale, offset, qmin, qmax, _ = self._params()
+        return fake_quantize_clipped(x, scale, offset, qmin, qmax, self._rounding, low, high, out)
 
     def quantize_codes(self, x) -> np.ndarray | None:
         """q - Z as integer-valued float32 (``numerics.quantize_codes``: S times them is ``fake_quantize(x)``),

@@ -229,12 +229,13 @@ def quantizing_epilogue(producer: Operation, activation: Operation | None, bound
     if not is_applied(config.state) or config.requantization is not None or np.size(config.scale) != 1:
         return None
 
+    low, high = (None, None) if clip is None else bounds
+
     def quantize(block: np.ndarray, out: np.ndarray | None = None) -> None:
-        target = block if out is None else out
-        if clip is not None:
-            clip(block, target)
-            block = target
-        config.fake_quantize(block, out=target)
+        if clip is None:
+            config.fake_quantize(block, out=block if out is None else out)
+        else:
+            config.fake_quantize_clipped(block, low, high, block if out is None else out)
     return quantize, grid_key(config)
 
 
