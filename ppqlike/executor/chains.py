@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fusion import activation_bounds, clip_epilogue, grid_edges, quantizing_epilogue
+from .fusion import activation_bounds, grid_edges, quantizing_epilogue
 from .integer_codes import integer_codes
 from .onnxruntime_chains import conv_codes, expand_then_depthwise_codes, input_on_grid
 from .onnxruntime_kernels import applied_root

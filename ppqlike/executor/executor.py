@@ -1,9 +1,10 @@
 """NumpyExecutor: runs a Graph on numpy arrays, with hooks around every op.
 
-The execution plan (topological order, one compiled kernel per op, and when
-each intermediate can be freed) is compiled once per graph revision and set of
-requested outputs.  Parameters are read from ``Variable.value`` at run time,
-so passes that change weights need no recompilation.
+The execution plan (``ppqlike.executor.plan``: topological order, one compiled
+kernel per op, when each intermediate can be freed, what runs merged) is built
+once per graph revision and set of requested outputs.  Parameters are read
+from ``Variable.value`` at run time, so passes that change weights need no
+recompilation.
 
 Quantization simulation: when an op carries an OperationQuantizationConfig,
 the inputs and outputs whose configs are in an applied state are
@@ -13,12 +14,13 @@ kernels compute them (``ppqlike.executor.onnxruntime_kernels``).  Without hooks,
 a Relu/Clip runs inside or in place on its producer's result, a zero Pad
 is done by the Convs reading it (``ppqlike.executor.fusion``), and a
 MobileNet expansion runs with the depthwise Conv reading it as one kernel,
-in float or on integer codes (``ppqlike.executor.chains``).
+in float or on integer codes (``ppqlike.executor.chains``); a float conv
+kernel clips and fake-quantizes its result block by block
+(``fusion.quantizing_epilogue``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -26,13 +28,13 @@ import numpy as np
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activate_on_grid, activation_bounds,
-                     activation_partners, chain_projections, clip_epilogue, configs_let_fuse, expand_chains, fusable,
-                     grid_edges, pad_folds, quantizing_epilogue, run_on_codes)
+                     clip_epilogue, configs_let_fuse, fusable, grid_edges, quantizing_epilogue, run_on_codes)
 from .chains import output_grid, run_float_chain, run_integer_chain
 from .integer_codes import Codes, values_hold_codes, values_of
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .ops import Kernel, build_kernel
 from .ops.tensor import zero_spatial_pads
+from .plan import Plan, Step, build_plan, release_values
 from .simulation import (argument_grids, fresh_results, keeps_grid, passes_through, quantize_inputs,
                          quantize_outputs)
 
@@ -52,25 +54,6 @@ class OperationHook:
         return None
 
 
-@dataclass
-class _Step:
-    operation: Operation
-    kernel: Kernel
-    inputs: tuple          # variable names (None for omitted inputs)
-    outputs: tuple         # variable names
-    release: tuple         # names whose last reader is this step
-
-
-@dataclass
-class _Plan:
-    steps: list
-    needed_inputs: tuple
-    fusions: dict = field(default_factory=dict)   # step index of a Conv -> step index of its Relu/Clip
-    pad_folds: frozenset = frozenset()  # step indices of Pads whose Convs can pad instead (fusion.pad_folds)
-    chains: dict = field(default_factory=dict)   # 1x1 Conv -> its depthwise Conv run with it (fusion.expand_chains)
-    projections: dict = field(default_factory=dict)   # 1x1 Conv of a chain -> the 1x1 after it and its Relu/Clip
-
-
 class NumpyExecutor:
     """Runs ``graph`` with numpy.
 
@@ -84,7 +67,7 @@ class NumpyExecutor:
         #: instead (the QDQ semantics of the ONNX spec, as onnxruntime runs it unoptimized).
         self.runtime_kernels = runtime_kernels
         self._kernels: dict[str, tuple[int, Kernel]] = {}
-        self._plans: dict[tuple, _Plan] = {}
+        self._plans: dict[tuple, Plan] = {}
         self._plan_revision = -1
         self.compile()
 
@@ -107,7 +90,7 @@ class NumpyExecutor:
         self.compile(output_names)
 
     # ----------------------------------------------------------- planning --
-    def compile(self, output_names: Sequence[str] | None = None) -> _Plan:
+    def compile(self, output_names: Sequence[str] | None = None) -> Plan:
         """Compile (or fetch) the plan computing ``output_names`` (graph outputs by default).
 
         Unknown ops and unsupported attributes raise here, before data runs.
@@ -120,7 +103,7 @@ class NumpyExecutor:
         key = (names, tuple(v.name for v in graph.inputs))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self._build_plan(names)
+            plan = self._plans[key] = build_plan(graph, names, self._kernel)
         return plan
 
     def _kernel(self, operation: Operation) -> Kernel:
@@ -130,55 +113,6 @@ class NumpyExecutor:
         kernel = build_kernel(operation, self.graph.opset)
         self._kernels[operation.name] = (id(operation), kernel)
         return kernel
-
-    def _build_plan(self, output_names: tuple) -> _Plan:
-        graph = self.graph
-        for name in output_names:
-            if name not in graph.variables:
-                raise ExecutionError(f"graph {graph.name!r} has no tensor named {name!r} to output")
-        # Keep only the ops the requested outputs depend on.
-        needed: set[str] = set()
-        frontier = [graph.variables[n] for n in output_names]
-        while frontier:
-            variable = frontier.pop()
-            producer = variable.producer
-            if producer is None or producer.name in needed:
-                continue
-            needed.add(producer.name)
-            frontier.extend(v for v in producer.inputs if v is not None)
-        # Ops computed from constants alone first (EfficientNet-Lite0's Pad widths, which its export computes
-        # after the 1x1 Conv whose chain through the Pad must know them), then the rest, each in graph order.
-        varying = graph.input_dependent()
-        order = [op for op in graph.topological_sort() if op.name in needed]
-        order = [op for op in order if op.name not in varying] + [op for op in order if op.name in varying]
-        graph_inputs = {v.name for v in graph.inputs}
-        last_use: dict[str, int] = {}
-        for index, operation in enumerate(order):
-            for variable in operation.inputs:
-                if variable is None:
-                    continue
-                if variable.producer is None and not variable.is_parameter and variable.name not in graph_inputs:
-                    raise ExecutionError(
-                        f"graph {graph.name!r}: input {variable.name!r} of {operation.type} node "
-                        f"{operation.name!r} is not produced by any node, nor a graph input or parameter")
-                last_use[variable.name] = index
-        keep = set(output_names)
-        releases: dict[int, list] = {}
-        for name, index in last_use.items():
-            variable = graph.variables[name]
-            if name not in keep and not variable.is_parameter:
-                releases.setdefault(index, []).append(name)
-        steps = [
-            _Step(op, self._kernel(op),
-                  tuple(None if v is None else v.name for v in op.inputs),
-                  tuple(v.name for v in op.outputs), tuple(releases.get(i, ())))
-            for i, op in enumerate(order)]
-        needed_inputs = tuple(n for n in (v.name for v in graph.inputs)
-                              if n in last_use or n in keep)
-        partners = activation_partners(order, keep)
-        folds = pad_folds(order, keep, graph.opset)
-        chains = expand_chains(order, keep, partners, folds)
-        return _Plan(steps, needed_inputs, partners, folds, chains, chain_projections(order, keep, chains, partners))
 
     # ---------------------------------------------------------- execution --
     def prepare_inputs(self, inputs: Any) -> dict[str, np.ndarray]:
@@ -239,7 +173,7 @@ class NumpyExecutor:
         for index, step in enumerate(plan.steps):
             operation = step.operation
             if index in fused_into:  # this activation already ran in place on its producer's result
-                _release(step, values)
+                release_values(step, values)
                 continue
             if not hooks and operation.type in MOVES_CODES and values_hold_codes(step.inputs, values):
                 moved = run_on_codes(operation, step.kernel, step.inputs, values, grids,
@@ -247,7 +181,7 @@ class NumpyExecutor:
                 if moved is not None:   # codes in, codes out: nothing turned into values
                     for name, value in zip(step.outputs, moved):
                         values[name], grids[name] = value, grids[step.inputs[0]]
-                    _release(step, values)
+                    release_values(step, values)
                     continue
             runtime = self.runtime_kernels and wants_runtime_kernel(operation)
             arguments = self._arguments(step, values, grids, keep_codes=runtime and not hooks)
@@ -256,11 +190,11 @@ class NumpyExecutor:
                 if extra is not None:   # the Convs reading it pad instead
                     values[step.outputs[0]] = arguments[0]
                     deferred_pads[step.outputs[0]] = extra
-                    _release(step, values)
+                    release_values(step, values)
                     continue
             if index in plan.chains and not hooks \
                     and self._run_chain(plan, index, arguments, values, grids, fused_into, runtime):
-                _release(step, values)
+                release_values(step, values)
                 continue
             extra_pads = deferred_pads.get(step.inputs[0]) if deferred_pads and step.inputs else None
             arguments = quantize_inputs(operation, arguments, step.inputs, grids, as_codes=runtime and not hooks)
@@ -304,7 +238,7 @@ class NumpyExecutor:
                 if partner is not None and not fuses \
                         and self._activate_on_grid(plan.steps[partner], step, results, values, grids):
                     fused_into[partner] = True
-                _release(step, values)
+                release_values(step, values)
                 continue
             on_edges = on_output_grid and edges is not None   # the integer kernel did the activation
             if partner is not None and not on_edges:
@@ -318,14 +252,14 @@ class NumpyExecutor:
                 fused_into[partner] = True
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
-                _release(step, values)
+                release_values(step, values)
                 continue
             results = quantize_outputs(operation, results, step.outputs, grids, on_output_grid,
                                        fresh_results(operation, results, arguments))
             if partner is not None and not fuses and not runtime \
                     and self._activate_on_grid(plan.steps[partner], step, results, values, grids):
                 fused_into[partner] = True   # the quantized result, which the activation clips to grid edges
-                _release(step, values)
+                release_values(step, values)
                 continue
             for hook in hooks:
                 replaced = hook.after_operation(operation, arguments, results)
@@ -335,7 +269,7 @@ class NumpyExecutor:
                         grids.pop(name, None)
             for name, value in zip(step.outputs, results):
                 values[name] = value
-            _release(step, values)
+            release_values(step, values)
         outputs = []
         for name in names:
             value = np.asarray(self._argument(name, values))
@@ -346,7 +280,7 @@ class NumpyExecutor:
 
     __call__ = forward
 
-    def _run_chain(self, plan: _Plan, index: int, arguments: list, values: dict, grids: dict,
+    def _run_chain(self, plan: Plan, index: int, arguments: list, values: dict, grids: dict,
                    fused_into: dict, runtime: bool) -> bool:
         """Run the 1x1 Conv of step ``index`` and the depthwise Conv of its chain (``fusion.expand_chains``)
         as one kernel, their Relu/Clips inside (``chains``; on integer codes when ``runtime``: the
@@ -378,7 +312,7 @@ class NumpyExecutor:
                 fused_into[skipped] = True
         return True
 
-    def _activate_on_grid(self, activation: _Step, step: _Step, results: list, values: dict, grids: dict) -> bool:
+    def _activate_on_grid(self, activation: Step, step: Step, results: list, values: dict, grids: dict) -> bool:
         """Run ``activation``, the Relu/Clip that alone reads ``step``'s quantized result, in place on it by
         ``fusion.activate_on_grid``; False (nothing done) when that does not apply."""
         if len(results) != 1:
@@ -412,7 +346,7 @@ class NumpyExecutor:
             value = values[name] = value.values()
         return value
 
-    def _arguments(self, step: _Step, values: dict, grids: dict, keep_codes: bool) -> list:
+    def _arguments(self, step: Step, values: dict, grids: dict, keep_codes: bool) -> list:
         """A step's input values; with ``keep_codes`` (an integer kernel reads them), the ``Codes`` that
         its input configs pass as they are (passing through, or on their grids) stay codes."""
         configs = step.operation.config.input_quantization_config if keep_codes and step.operation.config else ()
@@ -428,7 +362,7 @@ class NumpyExecutor:
                 arguments.append(self._argument(name, values))
         return arguments
 
-    def _bound_inputs(self, step: _Step, values: dict) -> list:
+    def _bound_inputs(self, step: Step, values: dict) -> list:
         """The values of a step's inputs after the first (a Clip's bounds)."""
         return [self._argument(name, values) for name in step.inputs[1:]]
 
@@ -458,9 +392,3 @@ class NumpyExecutor:
             results, on_output_grid = self._run_kernel(operation, kernel, arguments)
             return quantize_outputs(operation, results, on_output_grid=on_output_grid)
         return list(kernel(list(inputs)))
-
-
-def _release(step: _Step, values: dict) -> None:
-    """Drop the values whose last reader is ``step``."""
-    for name in step.release:
-        values.pop(name, None)
