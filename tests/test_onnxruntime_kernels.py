@@ -330,8 +330,8 @@ def _expansion_model(seed: int, saturated: bool = False) -> onnx.ModelProto:
 @settings(max_examples=6, deadline=None)
 @given(seed=st.integers(0, 10_000), saturated=st.booleans())
 def test_integer_expansion_chain_runs_bit_for_bit(seed, saturated, tmp_path_factory):
-    """The quantized expansion -> Clip -> depthwise -> Clip runs as one kernel on codes
-    (``onnxruntime_chains``), and equals onnxruntime and the ops run one by one (a hook) bit for bit."""
+    """The quantized expansion -> Clip -> depthwise -> Clip, and the projection after it, run as one kernel on
+    codes (``onnxruntime_chains``), and equal onnxruntime and the ops run one by one (a hook) bit for bit."""
     from ppqlike.executor import OperationHook
     from ppqlike.executor import chains as chains_module
     tmp_path = tmp_path_factory.mktemp("chain")
@@ -347,9 +347,10 @@ def test_integer_expansion_chain_runs_bit_for_bit(seed, saturated, tmp_path_fact
     x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32) * 2
     executor = NumpyExecutor(graph)
     with pytest.MonkeyPatch.context() as patch:   # hypothesis: no function-scoped fixture
-        ran = _recorded(patch, "expand_then_depthwise_codes", chains_module)
+        ran = _recorded(patch, "expand_then_depthwise_codes", chains_module,
+                        lambda arguments, result: (len(arguments) == 7, result is not None))
         chained = executor.forward(x)[0]
-    assert len(ran) == 1 and ran[0] is not None
+    assert ran[0] == (True, True)   # with the projection
     np.testing.assert_array_equal(chained, run_qdq_model(model, {"x": x})[0])
     np.testing.assert_array_equal(chained, executor.forward(x, hooks=[OperationHook()])[0])
 

@@ -111,10 +111,13 @@ def _projection_conv(steps: list, projection: tuple, lies_on: tuple | None, argu
     return (parameters[0], parameters[1] if len(parameters) > 1 else None, stage[0]), stage[1]
 
 
-def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int):
-    """(the integer chain's result as ``Codes``, the grid key it lies on, False), or None.
+def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int,
+                      projection: tuple | None = None):
+    """(the integer chain's result as ``Codes``, the grid key it lies on, whether it is the projection's
+    result), or None.
 
-    ``arguments``: the first Conv's inputs (``Codes`` kept), before its input configs."""
+    ``arguments``: the first Conv's inputs (``Codes`` kept), before its input configs; ``projection``: as
+    ``run_float_chain``'s, run inside too where its codes allow (``_projection_codes``)."""
     first_activation, pad, second, second_activation = chain
     first, depthwise = steps[index], steps[second]
     if pad is not None:
@@ -135,5 +138,27 @@ def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, ar
         return None
     x = integer_codes(applied_root(input_config(first.operation, 0)), arguments[0], on_grid=True)
     geometry = _geometry(depthwise, x.shape, codes[0].weight.shape[0], codes[1].weight, None, argument)
+    if projection is not None:
+        third = _projection_codes(steps, projection, output_grid(depthwise.operation), argument, grids, opset)
+        out = None if third is None else expand_then_depthwise_codes(x, codes[0], codes[1], *geometry, third)
+        if out is not None:
+            return out, output_grid(steps[projection[0]].operation), True
     out = expand_then_depthwise_codes(x, codes[0], codes[1], *geometry)
     return None if out is None else (out, output_grid(depthwise.operation), False)
+
+
+def _projection_codes(steps: list, projection: tuple, lies_on: tuple | None, argument, grids: dict, opset: int):
+    """``ConvCodes`` of a chain's projection whose input config takes the chain's result (on grid
+    ``lies_on``) as it is, its Relu/Clip folded into its clamp; None otherwise."""
+    conv, activation = projection
+    operation = steps[conv].operation
+    if not input_on_grid(operation, lies_on):
+        return None
+    edges = None if activation is None else grid_edges(steps[activation].operation,
+                                                       _bounds(steps, activation, argument, opset),
+                                                       output_grid(operation))
+    if activation is not None and edges is None:
+        return None
+    parameters = quantize_inputs(operation, [None] + [argument(name) for name in steps[conv].inputs[1:]],
+                                 steps[conv].inputs, grids)
+    return conv_codes(operation, parameters, edges)

@@ -293,7 +293,8 @@ class NumpyExecutor:
             return False   # an input not computed yet
         argument = lambda name: self._argument(name, values)   # noqa: E731
         if runtime:
-            result = run_integer_chain(chain, plan.steps, index, arguments, argument, grids, self.graph.opset)
+            result = run_integer_chain(chain, plan.steps, index, arguments, argument, grids, self.graph.opset,
+                                       plan.projections.get(index))
         else:
             result = run_float_chain(chain, plan.steps, index, arguments, argument, grids, self.graph.opset,
                                      plan.projections.get(index))

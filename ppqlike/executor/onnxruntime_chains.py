@@ -117,15 +117,17 @@ def requantize_block(codes: ConvCodes, width: int):
 
 
 def expand_then_depthwise_codes(x: np.ndarray, first: ConvCodes, second: ConvCodes, pads, strides,
-                                dilations) -> Codes | None:
+                                dilations, third: ConvCodes | None = None) -> Codes | None:
     """The chain on the codes ``x`` [N, Ci, H, W] (channels-last float32 integers) of the first conv's
-    input: the second conv's result as ``Codes``, or None when the chain does not apply."""
+    input: the second conv's result as ``Codes`` - or, with ``third`` (the 1x1 projection reading it), the
+    third's -, or None when the chain does not apply."""
     channels = first.weight.shape[0]
     width = x.shape[3] // strides[1] * channels   # a row of the depthwise output
+    project = None if third is None else (third.weight, third.bias, requantize_block(third, third.weight.shape[0]))
     out = expand_then_depthwise(x, (first.weight, first.bias, requantize_block(first, channels)),
                                 (second.weight, second.bias, requantize_block(second, width)),
-                                pads, strides, dilations)
-    return None if out is None else Codes(out, second.output)
+                                pads, strides, dilations, project)
+    return None if out is None else Codes(out, (second if third is None else third).output)
 
 
 def input_on_grid(operation: Operation, key: tuple | None) -> bool:
