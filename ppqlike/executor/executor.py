@@ -204,24 +204,8 @@ class NumpyExecutor:
                 if replaced is not None:
                     arguments, grids_of_arguments = list(replaced), ()  # a hook's values may lie anywhere
             partner = plan.fusions.get(index) if not hooks else None
-            clip = None    # a fused Relu/Clip the conv kernel applies itself, block by block
-            edges = None   # or the integer kernel clamps to, on its output grid
-            bounds = None  # that Relu/Clip's, when the configs let it fuse
-            inside = None  # (the grid key or None,) when the epilogue also quantizes the output (or activation's)
-            fuses = partner is not None and configs_let_fuse(operation, plan.steps[partner].operation)
-            if fuses:
-                activation = plan.steps[partner]
-                bounds = activation_bounds(activation.operation, self._bound_inputs(activation, values),
-                                           self.graph.opset)
-                if runtime:
-                    edges = grid_edges(activation.operation, bounds, output_grid(operation))
-                elif getattr(step.kernel, "takes_epilogue", False):
-                    clip = clip_epilogue(bounds)
-            if not runtime and not hooks and getattr(step.kernel, "takes_epilogue", False) and arguments \
-                    and getattr(arguments[0], "dtype", None) == np.float32:
-                stage = quantizing_epilogue(operation, plan.steps[partner].operation if fuses else None, bounds)
-                if stage is not None and (fuses or stage[0] is not None):
-                    clip, inside = stage[0], stage[1:]
+            fuses, bounds, clip, edges, inside = self._fusion(plan, step, partner, arguments, values, runtime,
+                                                              hooks)
             try:
                 results, on_output_grid = self._run_kernel(operation, step.kernel, arguments, grids_of_arguments,
                                                            clip, extra_pads, edges, as_codes=not hooks)
@@ -312,6 +296,30 @@ class NumpyExecutor:
             if skipped is not None:
                 fused_into[skipped] = True
         return True
+
+    def _fusion(self, plan: Plan, step: Step, partner: int | None, arguments: list, values: dict,
+                runtime: bool, hooks) -> tuple:
+        """What the kernel of ``step`` does besides its op: (whether the Relu/Clip of step ``partner`` fuses
+        into it, that activation's bounds, the epilogue a float conv kernel applies to each block of its
+        result - the activation's clip, and without hooks the output quantization (``quantizing_epilogue``)
+        -, the grid edges an integer kernel clamps to, and (the grid key,) when the epilogue quantizes)."""
+        operation = step.operation
+        fuses = partner is not None and configs_let_fuse(operation, plan.steps[partner].operation)
+        bounds = clip = edges = inside = None
+        takes_epilogue = getattr(step.kernel, "takes_epilogue", False)
+        if fuses:
+            activation = plan.steps[partner]
+            bounds = activation_bounds(activation.operation, self._bound_inputs(activation, values), self.graph.opset)
+            if runtime:
+                edges = grid_edges(activation.operation, bounds, output_grid(operation))
+            elif takes_epilogue:
+                clip = clip_epilogue(bounds)
+        if not runtime and not hooks and takes_epilogue and arguments \
+                and getattr(arguments[0], "dtype", None) == np.float32:
+            stage = quantizing_epilogue(operation, plan.steps[partner].operation if fuses else None, bounds)
+            if stage is not None and (fuses or stage[0] is not None):
+                clip, inside = stage[0], stage[1:]
+        return fuses, bounds, clip, edges, inside
 
     def _activate_on_grid(self, activation: Step, step: Step, results: list, values: dict, grids: dict) -> bool:
         """Run ``activation``, the Relu/Clip that alone reads ``step``'s quantized result, in place on it by
