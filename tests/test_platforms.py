@@ -131,9 +131,9 @@ def test_tpu_activations_clip_the_requantized_outputs_in_place(monkeypatch):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2 ** 31), ratio_exponent=st.integers(-18, -2), largest=st.sampled_from([200, 40000, 2 ** 22]),
-       policy=st.sampled_from(list(RoundingPolicy)), grid=st.sampled_from([(-128, 127, 0), (0, 255, 0), (0, 255, 128),
-                                                                          (-127, 127, 0), (-8, 7, 0)]))
+@given(seed=st.integers(0, 2 ** 31), ratio_exponent=st.integers(-18, -2),
+       largest=st.sampled_from([200, 40000, 2 ** 22]), policy=st.sampled_from(list(RoundingPolicy)),
+       grid=st.sampled_from([(-128, 127, 0), (0, 255, 0), (0, 255, 128), (-127, 127, 0), (-8, 7, 0)]))
 def test_integer_requantization_equals_the_int64_formula(seed, ratio_exponent, largest, policy, grid):
     """``requantize_output`` (float64 blocks: without a data check where the shift allows, after one
     otherwise, int64 beyond) equals the int64 multiply, rounding right shift and clamp for every

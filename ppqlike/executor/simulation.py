@@ -182,8 +182,10 @@ def _requantize_block(acc: np.ndarray, scratch: np.ndarray, multiplier, shift, c
     offset = int(config.offset)
     reach = max(abs(config.quant_min - offset), abs(config.quant_max - offset)) + 1
     scale = np.asarray(config.scale)
-    exact = int(np.max(shift)) + reach.bit_length() <= 53 \
-        or max(float(acc.max(initial=0.0)), -float(acc.min(initial=0.0))) * float(np.max(np.abs(multiplier))) < 2.0 ** 53
+    exact = int(np.max(shift)) + reach.bit_length() <= 53
+    if not exact:   # two passes more: max|acc| * max M0 < 2^53 makes t exact
+        largest = max(float(acc.max(initial=0.0)), -float(acc.min(initial=0.0)))
+        exact = largest * float(np.max(np.abs(multiplier))) < 2.0 ** 53
     if not exact or scale.dtype != np.float32 or scale.size != 1:
         q = numerics.requantize(acc.astype(np.int64), multiplier, shift, offset, config.quant_min, config.quant_max,
                                 config.rounding, channel_axis=1 if per_channel else None)
