@@ -43,8 +43,25 @@ def test_folded_clip_gives_the_bits_of_clip_then_fake_quantize(seed, scale, grid
     else:
         got = fake_quantize_clipped(x, scale, offset, quant_min, quant_max, policy, low, high, np.empty_like(x))
     np.testing.assert_array_equal(got, want)
-    if code_bounds(scale, offset, quant_min, quant_max, low, high) is not None:   # folded: the very bits
-        np.testing.assert_array_equal(bits(got), bits(want))
+    folded = code_bounds(scale, offset, quant_min, quant_max, low, high)
+    if folded is not None:   # folded: the very bits (half up on codes >= 0: zeros come out +0.0)
+        floor_rounded = folded[0] >= 0 and policy in (RoundingPolicy.ROUND_HALF_UP,
+                                                       RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO)
+        expected = np.where(want == 0, np.float32(0), want) if floor_rounded else want
+        np.testing.assert_array_equal(bits(got), bits(expected))
+
+
+def test_half_up_is_a_floor_of_the_code_plus_the_float_below_a_half_on_every_float32_to_2_22():
+    """floor(t + (0.5 - 2^-25)) in float32 equals floor(t + 0.5) in exact arithmetic for every float32
+    t in [0, 2^22] (about 1.25e9 values; t + 0.5 in float32 would fail at t = 0.5 - 2^-25)."""
+    below_half = np.nextafter(np.float32(0.5), np.float32(0))
+    top = int(np.float32(2.0 ** 22).view(np.uint32))
+    step = 1 << 22
+    for start in range(0, top + 1, step):
+        t = np.arange(start, min(start + step, top + 1), dtype=np.uint32).view(np.float32)
+        np.testing.assert_array_equal(np.floor(t + below_half), np.floor(t.astype(np.float64) + 0.5))
+    t = np.nextafter(np.float32(0.5), np.float32(0))
+    assert np.floor(t + np.float32(0.5)) == 1 and np.floor(t + below_half) == 0   # why not t + 0.5
 
 
 def test_code_bounds_fold_only_where_the_signs_of_zero_survive():
