@@ -54,6 +54,12 @@ def _bounds(steps, index, argument, opset):
     return activation_bounds(step.operation, [argument(name) for name in step.inputs[1:]], opset)
 
 
+def _parameters(step, argument, grids: dict) -> list:
+    """A Conv step's inputs through its input configs, the data input left None: the weight and bias it
+    computes with."""
+    return quantize_inputs(step.operation, [None] + [argument(name) for name in step.inputs[1:]], step.inputs, grids)
+
+
 def _float_stage(steps: list, conv: int, activation: int | None, argument, opset: int):
     """``fusion.quantizing_epilogue`` of one Conv of a float chain (step ``conv``) and its Relu/Clip (step
     ``activation`` or None)."""
@@ -79,8 +85,7 @@ def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argu
     if not (passes_through(data) or keeps_grid(data, stages[0][1])):
         return None   # the depthwise conv's input config would change the expanded values
     arguments = quantize_inputs(first.operation, arguments, first.inputs, grids)
-    filters = quantize_inputs(depthwise.operation, [None] + [argument(name) for name in depthwise.inputs[1:]],
-                              depthwise.inputs, grids)[1:]
+    filters = _parameters(depthwise, argument, grids)[1:]
     x, weight = arguments[0], arguments[1]
     geometry = _geometry(depthwise, x.shape, weight.shape[0], filters[0],
                          steps[pad] if pad is not None else None, argument)
@@ -106,8 +111,7 @@ def _projection_conv(steps: list, projection: tuple, lies_on: tuple | None, argu
     data = input_config(operation, 0)
     if stage is None or not (passes_through(data) or keeps_grid(data, lies_on)):
         return None
-    parameters = quantize_inputs(operation, [None] + [argument(name) for name in steps[conv].inputs[1:]],
-                                 steps[conv].inputs, grids)[1:]
+    parameters = _parameters(steps[conv], argument, grids)[1:]
     return (parameters[0], parameters[1] if len(parameters) > 1 else None, stage[0]), stage[1]
 
 
@@ -131,8 +135,7 @@ def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, ar
     if (first_activation is not None and edges[0] is None) or (second_activation is not None and edges[1] is None) \
             or not input_on_grid(depthwise.operation, output_grid(first.operation)):
         return None
-    filters = quantize_inputs(depthwise.operation, [None] + [argument(name) for name in depthwise.inputs[1:]],
-                              depthwise.inputs, grids)
+    filters = _parameters(depthwise, argument, grids)
     codes = conv_codes(first.operation, arguments, edges[0]), conv_codes(depthwise.operation, filters, edges[1])
     if codes[0] is None or codes[1] is None:
         return None
@@ -159,6 +162,4 @@ def _projection_codes(steps: list, projection: tuple, lies_on: tuple | None, arg
                                                        output_grid(operation))
     if activation is not None and edges is None:
         return None
-    parameters = quantize_inputs(operation, [None] + [argument(name) for name in steps[conv].inputs[1:]],
-                                 steps[conv].inputs, grids)
-    return conv_codes(operation, parameters, edges)
+    return conv_codes(operation, _parameters(steps[conv], argument, grids), edges)

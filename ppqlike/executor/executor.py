@@ -276,12 +276,9 @@ class NumpyExecutor:
                for step in later for name in plan.steps[step].inputs[1:]):
             return False   # an input not computed yet
         argument = lambda name: self._argument(name, values)   # noqa: E731
-        if runtime:
-            result = run_integer_chain(chain, plan.steps, index, arguments, argument, grids, self.graph.opset,
-                                       plan.projections.get(index))
-        else:
-            result = run_float_chain(chain, plan.steps, index, arguments, argument, grids, self.graph.opset,
-                                     plan.projections.get(index))
+        runner = run_integer_chain if runtime else run_float_chain
+        result = runner(chain, plan.steps, index, arguments, argument, grids, self.graph.opset,
+                        plan.projections.get(index))
         if result is None:
             return False
         out, key, projected = result
@@ -312,13 +309,15 @@ class NumpyExecutor:
             bounds = activation_bounds(activation.operation, self._bound_inputs(activation, values), self.graph.opset)
             if runtime:
                 edges = grid_edges(activation.operation, bounds, output_grid(operation))
-            elif takes_epilogue:
-                clip = clip_epilogue(bounds)
-        if not runtime and not hooks and takes_epilogue and arguments \
-                and getattr(arguments[0], "dtype", None) == np.float32:
+        if runtime or not takes_epilogue:
+            return fuses, bounds, clip, edges, inside
+        stage = None
+        if not hooks and arguments and getattr(arguments[0], "dtype", None) == np.float32:
             stage = quantizing_epilogue(operation, plan.steps[partner].operation if fuses else None, bounds)
-            if stage is not None and (fuses or stage[0] is not None):
-                clip, inside = stage[0], stage[1:]
+        if stage is not None and (fuses or stage[0] is not None):
+            clip, inside = stage[0], stage[1:]
+        elif fuses:
+            clip = clip_epilogue(bounds)
         return fuses, bounds, clip, edges, inside
 
     def _activate_on_grid(self, activation: Step, step: Step, results: list, values: dict, grids: dict) -> bool:
