@@ -236,9 +236,12 @@ def test_mul_of_a_layer_scale_runs_bit_for_bit(batch, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("large_bias, wraps", [(40.0, True), (3e-3, False)])
 def test_saturated_bias_is_added_apart_bit_for_bit(large_bias, wraps, tmp_path, monkeypatch):
-    """A channel of tiny weights under a large bias (EfficientNet has such channels): the int32 bias code
-    saturates, so the products run in float32 and the bias is added apart; where the int32
+    """A channel of tiny weights under a large bias (EfficientNet has such channels), quantized without the
+    pass that widens its weight scale (as a model quantized elsewhere and imported can come): the int32
+    bias code saturates, so the products run in float32 and the bias is added apart; where the int32
     sum overflows, onnxruntime's accumulator wraps around, and so does the simulation's."""
+    from ppqlike.optim.passes.bias_range import Int32BiasRangePass
+    monkeypatch.setattr(Int32BiasRangePass, "optimize", lambda self, graph, **kwargs: {})
     rng = np.random.default_rng(6)
     weight = (rng.standard_normal((8, 16, 3, 3)) * 0.2).astype(np.float32)
     weight[3] *= 1e-6
@@ -252,6 +255,45 @@ def test_saturated_bias_is_added_apart_bit_for_bit(large_bias, wraps, tmp_path, 
     assert bool(wrapped) == wraps
     assert chosen == ["bias apart"]   # with the bias not exact in float32, the products alone exact
     np.testing.assert_array_equal(simulated, run_qdq_model(model, {"x": x})[0])
+
+
+def test_a_bias_too_large_for_its_channel_widens_the_weight_scale(tmp_path):
+    """The same channel quantized by the pipeline: its weight scale rises until its bias code fits in int32
+    (the other channels keep theirs), no accumulator wraps, and the channel's output is its bias, as in
+    float - where the saturated code gave it the ends of the range."""
+    from ppqlike.optim.passes.bias_range import bias_fitting_scale
+    rng = np.random.default_rng(6)
+    weight = (rng.standard_normal((8, 16, 3, 3)) * 0.2).astype(np.float32)
+    weight[3] *= 1e-6
+    bias = (rng.standard_normal(8) * 0.1).astype(np.float32)
+    bias[3] = 4.0
+    calibration = [rng.standard_normal((4, 16, 24, 24)).astype(np.float32) for _ in range(2)]
+    quantized, model = _single_conv(tmp_path, weight, bias, 24, calibration, pads=[1, 1, 1, 1])
+    configs = quantized.operations["conv"].config.input_quantization_config
+    input_scale, weight_scale = float(configs[0].scale), np.asarray(configs[1].scale)
+    plain = np.abs(weight).reshape(8, -1).max(axis=1) / 127   # the symmetric min/max scales
+    np.testing.assert_allclose(np.delete(weight_scale, 3), np.delete(plain, 3), rtol=1e-6)
+    codes = np.abs(bias.astype(np.float64)) / np.asarray(configs[2].scale, np.float64)
+    assert codes[3] <= 2 ** 31 - 1 < abs(bias[3]) / (input_scale * plain[3])
+    x = rng.standard_normal((8, 16, 24, 24)).astype(np.float32)
+    simulated = NumpyExecutor(quantized).forward(x)[0]
+    np.testing.assert_array_equal(simulated, run_qdq_model(model, {"x": x})[0])
+    output_scale = float(quantized.operations["conv"].config.output_quantization_config[0].scale)
+    assert np.abs(simulated[:, 3] - 4.0).max() <= output_scale   # the bias, to the output's grid
+    # the rule alone: power-of-two policies round the raised scale up to a power of two
+    raised = bias_fitting_scale(np.array([4.0, 0.1]), 0.01, np.array([1e-12, 0.5], np.float32), 2 ** 31 - 1, True)
+    assert raised[1] == np.float32(0.5) and np.log2(raised[0]) == np.round(np.log2(raised[0]))
+    assert 4.0 / (0.01 * float(raised[0])) <= 2 ** 31 - 1
+
+
+@given(st.lists(st.integers(-2 ** 40, 2 ** 40), min_size=1, max_size=40), st.sampled_from([2 ** 31, 2 ** 33, 2 ** 40]))
+def test_wrap_int32_is_twos_complement(values, reach):
+    """wrap_int32 gives the int32 of every integer accumulator (Python's arithmetic as the reference),
+    on each of its paths: in range, within 2^32 of it, and the modulo."""
+    from ppqlike.executor.onnxruntime_kernels import wrap_int32
+    values = [v % (2 * reach) - reach for v in values]
+    expected = [(v + 2 ** 31) % 2 ** 32 - 2 ** 31 for v in values]
+    assert wrap_int32(np.array(values, np.float64)).tolist() == expected
 
 
 def test_codes_handed_between_integer_kernels_are_the_values(tmp_path):
@@ -338,7 +380,11 @@ def test_integer_expansion_chain_runs_bit_for_bit(seed, saturated, tmp_path_fact
     rng = np.random.default_rng(seed)
     onnx.save(_expansion_model(seed, saturated), tmp_path / "m.onnx")
     calibration = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) * 2 for _ in range(2)]
-    graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
+    with pytest.MonkeyPatch.context() as patch:
+        if saturated:   # biases left saturated, as a model quantized elsewhere and imported can have them
+            from ppqlike.optim.passes.bias_range import Int32BiasRangePass
+            patch.setattr(Int32BiasRangePass, "optimize", lambda self, graph, **kwargs: {})
+        graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
     model = onnx.load(api.export_ppq_graph(graph, "ORT_INT8", tmp_path / "q.onnx")[0])
     if saturated:   # the chain's convs have "bias apart" accumulators, with channels that may wrap
         step = graph.operations["expand"]

@@ -28,7 +28,7 @@ from ..core.quant import TensorQuantizationConfig
 from ..core.quant_graph import input_config
 from .integer_codes import Codes, bias_codes, code_bound, integer_codes, largest_magnitude, per_tensor
 from .onnxruntime_kernels import (EXACT_F32, activation_fused, applied_root, channel_multiplier, clamp_codes,
-                                  integer_configs, parameter_value, product_bound, split_bias, wrap_int32)
+                                  integer_configs, parameter_value, product_bounds, split_bias, wrap_int32)
 from .ops._conv_channels_last import expand_then_depthwise
 from .simulation import grid_key
 
@@ -74,14 +74,15 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
             return None
     if weight is None or weight.dtype != _F32 or np.size(configs[1].scale) not in (1, weight.shape[0]):
         return None
-    products = product_bound(operation, [None, weight], code_bound(configs[0]))
+    bounds = product_bounds(operation, weight, code_bound(configs[0]))   # per output channel
+    products = float(np.max(bounds, initial=0.0))
     high, wide = None, np.zeros(0, np.int64)
     if bias is not None:
         bias = bias.reshape(-1)
         if products + largest_magnitude(bias) >= EXACT_F32:   # "bias apart": l in the GEMM/einsum, h after
             if products + 2.0 ** 8 >= EXACT_F32:
                 return None
-            bias, high, wide = split_bias(bias, products)
+            bias, high, wide = split_bias(bias, bounds)
     multiplier = channel_multiplier(configs[0].scale, configs[1].scale, output.scale)
     multiplier = np.broadcast_to(multiplier, (weight.shape[0],)).astype(_F32)
     low, high_code = clamp_codes(output, edges)

@@ -94,15 +94,20 @@ INT32 = 2.0 ** 31
 def product_bound(operation: Operation, integers: list, largest_input: float) -> float:
     """A bound on every partial sum of the op's products, whatever the summation order: ``largest_input``
     (max |x|) * max over output channels of sum |w| (inf for a Gemm with transA, not bounded here)."""
+    return float(np.max(product_bounds(operation, integers[1], largest_input), initial=0.0))
+
+
+def product_bounds(operation: Operation, weight: np.ndarray, largest_input: float) -> np.ndarray:
+    """Per output channel, a bound on every partial sum of its products: ``largest_input`` * sum |w| over
+    the channel's weights (one inf for a Gemm with transA, not bounded here)."""
     if operation.type == "Gemm" and operation.attributes.get("transA", 0):
-        return float("inf")
-    weight = integers[1]
+        return np.array([np.inf])
     if operation.type == "Conv":
         per_output = np.abs(weight).reshape(weight.shape[0], -1).sum(axis=1, dtype=np.float64)
     else:  # MatMul / Gemm: the contraction runs along the weight's first axis unless transB
         axis = 1 if operation.type == "Gemm" and operation.attributes.get("transB", 0) else -2
         per_output = np.abs(weight).sum(axis=axis, dtype=np.float64) if weight.ndim > 1 else np.abs(weight).sum()
-    return largest_input * float(np.max(per_output, initial=0.0))
+    return largest_input * np.asarray(per_output, np.float64).reshape(-1)
 
 
 def _precision(operation: Operation, integers: list, products: float, total: float) -> str:
@@ -121,7 +126,18 @@ def _precision(operation: Operation, integers: list, products: float, total: flo
 
 def wrap_int32(accumulator: np.ndarray) -> np.ndarray:
     """The int32 the kernel holds for an exact (float64) accumulator: two's complement wrap-around,
-    which onnxruntime's int32 addition of a saturated bias code produces."""
+    which onnxruntime's int32 addition of a saturated bias code produces.  In place; values already in
+    int32's range (the usual case: two reductions tell) are left as they are, values within 2^32 of it
+    move by 2^32 once, others take a modulo."""
+    if accumulator.size == 0:
+        return accumulator
+    low, high = float(accumulator.min()), float(accumulator.max())
+    if -INT32 <= low and high < INT32:
+        return accumulator
+    if -3 * INT32 <= low and high < 3 * INT32:
+        np.subtract(accumulator, 2 * INT32, out=accumulator, where=accumulator >= INT32)
+        np.add(accumulator, 2 * INT32, out=accumulator, where=accumulator < -INT32)
+        return accumulator
     np.add(accumulator, INT32, out=accumulator)
     np.mod(accumulator, 2 * INT32, out=accumulator)
     np.subtract(accumulator, INT32, out=accumulator)
@@ -215,7 +231,7 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
     precision = _precision(operation, integers, products, total)
     bias = None
     if precision == "bias apart":   # the products exact in float32, the wide (saturated int32) bias not
-        rest, bias, wide = split_bias(integers[2], products)   # l in the kernel (acc + l exact), h after
+        rest, bias, wide = split_bias(integers[2], product_bounds(operation, integers[1], largest_input))
         accumulator = kernel(integers[:2] + [rest])[0]
         if wide.size:   # channels whose int32 sum may wrap: formed exactly in float64, wrapped, stored
             exact = accumulator[:, wide].astype(np.float64)
@@ -237,10 +253,11 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
                         bias=bias, as_codes=as_codes)]
 
 
-def split_bias(bias: np.ndarray, products: float) -> tuple:
+def split_bias(bias: np.ndarray, products) -> tuple:
     """A "bias apart" bias (integer codes per output channel): (l, h, wide) with h = float32(bias) and
     l = bias - h (|l| <= 2^7), both float32, and the channels whose int32 sum with the products may wrap
-    around (|bias| + products >= 2^31)."""
+    around (|bias| + products >= 2^31; ``products``: the bound of each channel's partial sums, or one for
+    all, see ``product_bounds``)."""
     bias = np.asarray(bias, np.float64).reshape(-1)
     high = bias.astype(_F32)
     return (bias - high).astype(_F32), high, np.flatnonzero(np.abs(bias) + products >= INT32)

@@ -19,10 +19,11 @@ from ..io import format as graph_format
 from ..platforms.policies import get_platform_policy
 from ..platforms.quantizer import PlatformPolicy
 from .base import DEFAULT_PASS_REGISTRY, QuantizationOptimizationPipeline, TimeBudget
-from .passes import (ActivationRangeSearchPass, AdaroundPass, BiasCorrectionPass, FusionPass, IntegerRequantizationPass,
-                     LayerwiseEqualizationPass, MixedPrecisionPass, ParameterBakingPass, ParameterQuantizePass,
-                     PassiveParameterQuantizePass, QuantizationAlignmentPass, QuantizationSimplifyPass,
-                     QuantizeRefinePass, RuntimeCalibrationPass, RuntimeKernelPass, SmoothQuantPass)
+from .passes import (ActivationRangeSearchPass, AdaroundPass, BiasCorrectionPass, FusionPass, Int32BiasRangePass,
+                     IntegerRequantizationPass, LayerwiseEqualizationPass, MixedPrecisionPass, ParameterBakingPass,
+                     ParameterQuantizePass, PassiveParameterQuantizePass, QuantizationAlignmentPass,
+                     QuantizationSimplifyPass, QuantizeRefinePass, RuntimeCalibrationPass, RuntimeKernelPass,
+                     SmoothQuantPass)
 from .setting import QuantizationSetting
 
 __all__ = ["RECIPES", "Recipe", "apply_recipe", "resolve_policy", "build_pipeline", "format_for_quantization"]
@@ -153,6 +154,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                                       backend=setting.calibration_backend, workers=setting.calibration_workers),
                QuantizationAlignmentPass(setting.concat_alignment, policy.add_alignment),
                PassiveParameterQuantizePass()]
+    if policy.bias_int32:  # before the passes that measure errors: they see biases that fit
+        passes.append(Int32BiasRangePass())
     if setting.range_search:  # needs every range calibrated; bias correction then measures what is left
         passes.append(ActivationRangeSearchPass(samples=setting.range_search_samples, time_budget=budget,
                                                 verbose=verbose > 0))
@@ -164,6 +167,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                                          batches=setting.mixed_precision_batches,
                                          max_ops=setting.mixed_precision_max_ops, verbose=verbose > 0,
                                          higher_precision_bits=policy.higher_precision_bits))
+    if policy.bias_int32 and (setting.range_search or setting.bias_correction or setting.accuracy_target is not None):
+        passes.append(Int32BiasRangePass())  # again: those passes moved input scales and biases
     if policy.integer_requantization:
         passes.append(IntegerRequantizationPass())
     if policy.runtime_kernels:

@@ -4,6 +4,7 @@ from .adaround import AdaroundPass
 from .alignment import QuantizationAlignmentPass
 from .baking import ParameterBakingPass
 from .bias_correction import BiasCorrectionPass
+from .bias_range import Int32BiasRangePass
 from .calibration import RuntimeCalibrationPass
 from .equalization import LayerwiseEqualizationPass
 from .fusion import FusionPass
@@ -20,4 +21,4 @@ from .smooth_quant import SmoothQuantPass
 __all__ = ["QuantizeRefinePass", "FusionPass", "QuantizationSimplifyPass", "ParameterQuantizePass", "RuntimeCalibrationPass",
            "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass",
            "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass",
-           "RuntimeKernelPass", "SmoothQuantPass", "ActivationRangeSearchPass"]
+           "RuntimeKernelPass", "SmoothQuantPass", "ActivationRangeSearchPass", "Int32BiasRangePass"]
