@@ -133,12 +133,13 @@ def test_tpu_activations_clip_the_requantized_outputs_in_place(monkeypatch):
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2 ** 31), ratio_exponent=st.integers(-18, -2),
        largest=st.sampled_from([200, 40000, 2 ** 22]), policy=st.sampled_from(list(RoundingPolicy)),
-       grid=st.sampled_from([(-128, 127, 0), (0, 255, 0), (0, 255, 128), (-127, 127, 0), (-8, 7, 0)]))
-def test_integer_requantization_equals_the_int64_formula(seed, ratio_exponent, largest, policy, grid):
+       grid=st.sampled_from([(-128, 127, 0), (0, 255, 0), (0, 255, 128), (-127, 127, 0), (-8, 7, 0)]),
+       with_ties=st.booleans())
+def test_integer_requantization_equals_the_int64_formula(seed, ratio_exponent, largest, policy, grid, with_ties):
     """``requantize_output`` (float64 blocks: without a data check where the shift allows, after one
     otherwise, int64 beyond) equals the int64 multiply, rounding right shift and clamp for every
     rounding policy, grid and shift (2^-20 .. 2^-3 output-to-accumulator ratios: shifts 33 .. 50),
-    halfway cases included."""
+    halfway cases included - and, where no multiplier allows a tie in range, by rint alone."""
     from ppqlike.core.quant import QuantizationStates, TensorQuantizationConfig
     from ppqlike.core.quant_policy import QuantizationProperty
     from ppqlike.core.requantization import IntegerRequantization
@@ -147,7 +148,8 @@ def test_integer_requantization_equals_the_int64_formula(seed, ratio_exponent, l
     rng = np.random.default_rng(seed)
     channels = 6
     accumulator_scale = 2.0 ** ratio_exponent * rng.uniform(0.5, 1.0, channels) * 0.05
-    accumulator_scale[0] = 2.0 ** ratio_exponent * 0.05   # a power-of-two ratio: M0 = 2^30, ties happen
+    if with_ties:
+        accumulator_scale[0] = 2.0 ** ratio_exponent * 0.05   # a power-of-two ratio: M0 = 2^30, ties happen
     multiplier, shift = numerics.scale_to_multiplier_shift(accumulator_scale / 0.05)
     codes = rng.integers(-largest, largest, (2, channels, 9, 9))
     odd = 2 * rng.integers(-largest >> -ratio_exponent, (largest >> -ratio_exponent) + 1, (9, 9)) + 1
@@ -159,10 +161,26 @@ def test_integer_requantization_equals_the_int64_formula(seed, ratio_exponent, l
                                       quant_min, quant_max, scale=np.float32(0.05), offset=offset,
                                       state=QuantizationStates.ACTIVATED)
     config.requantization = facts
+    assert facts.ties_possible(max(abs(quant_min - offset), abs(quant_max - offset)) + 1) == with_ties
     acc = np.rint(value / accumulator_scale.reshape(1, -1, 1, 1)).astype(np.int64)
     q = numerics.requantize(acc, np.asarray(multiplier), np.asarray(shift), offset, quant_min, quant_max, policy,
                             channel_axis=1)
     np.testing.assert_array_equal(requantize_output(config, value), numerics.dequantize(q, np.float32(0.05), offset))
+
+
+@settings(max_examples=200, deadline=None)
+@given(multiplier=st.integers(-600, 600), shift=st.integers(0, 12), reach=st.integers(1, 40))
+def test_ties_possible_is_whether_some_accumulator_is_halfway(multiplier, shift, reach):
+    """``IntegerRequantization.ties_possible``: some integer accumulator gives acc * M0 * 2^-shift exactly
+    halfway between two integers with |t| < reach - checked against every accumulator that can (|t| < reach
+    bounds |acc|)."""
+    from fractions import Fraction
+    from ppqlike.core.requantization import IntegerRequantization
+    facts = IntegerRequantization.from_arrays([multiplier], [shift], [1.0], 1)
+    bound = 0 if multiplier == 0 else reach * 2 ** shift // abs(multiplier) + 1
+    halfway = any(abs(t) < reach and t.denominator == 2
+                  for t in (Fraction(acc * multiplier, 2 ** shift) for acc in range(-bound, bound + 1)))
+    assert facts.ties_possible(reach) == halfway
 
 
 def test_every_platform_has_a_policy_and_quantizes():

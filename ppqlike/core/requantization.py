@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -37,6 +38,13 @@ class IntegerRequantization:
     def per_channel(self) -> bool:
         return len(self.accumulator_scale) > 1
 
+    def ties_possible(self, reach: int) -> bool:
+        """Whether t = acc * M0 * 2^-rshift can lie exactly halfway between two integers with |t| < ``reach``
+        for some integer accumulator, in some channel.  With M0 = m * 2^v (m odd) and v < rshift, a tie is
+        acc = odd * 2^(rshift - 1 - v), the smallest |t| of which is m / 2; so ties in range need
+        m < 2 * reach (a multiplier of few significant bits: a power-of-two ratio, say)."""
+        return _ties_possible(self.multiplier, self.right_shift, int(reach))
+
     def to_dict(self) -> dict:
         return {"multiplier": list(self.multiplier), "right_shift": list(self.right_shift),
                 "accumulator_scale": list(self.accumulator_scale), "channel_axis": self.channel_axis,
@@ -48,3 +56,14 @@ class IntegerRequantization:
             return None
         return cls.from_arrays(data["multiplier"], data["right_shift"], data["accumulator_scale"],
                                data["channel_axis"], data.get("multiplier_bits", 32))
+
+
+@lru_cache(maxsize=256)
+def _ties_possible(multipliers: tuple, shifts: tuple, reach: int) -> bool:
+    for multiplier, shift in zip(multipliers, shifts):
+        if multiplier == 0:
+            continue
+        twos = (multiplier & -multiplier).bit_length() - 1   # v: the multiplier's factor 2^v
+        if twos < shift and (abs(multiplier) >> twos) < 2 * reach:
+            return True
+    return False

@@ -176,7 +176,9 @@ def _requantize_block(acc: np.ndarray, scratch: np.ndarray, multiplier, shift, c
       below half an ulp of L, under the 2^-shift that parts a multiple of 2^-shift from any other half
       integer, so no decision moves; where |t| >= L the clamp decides either way (rounding is monotone);
     * or max|acc| * max M0 < 2^53 (two more passes to find): then t is exact.
-    Otherwise the int64 path.  The values S * (q - z): the float64 product of the integer (below 2^24)
+    Otherwise the int64 path.  Where no t with |t| < L is a tie (``IntegerRequantization.ties_possible``:
+    any multiplier whose odd part is 2L or more) a nearest policy is rint alone, and outside that range
+    the clamp decides.  The values S * (q - z): the float64 product of the integer (below 2^24)
     and the float32 S is exact, so its float32 rounding is dequantize's float32 product.
     """
     offset = int(config.offset)
@@ -193,7 +195,10 @@ def _requantize_block(acc: np.ndarray, scratch: np.ndarray, multiplier, shift, c
         return
     ratio = np.ldexp(np.asarray(multiplier, np.float64), -np.asarray(shift, np.int64))
     t = np.multiply(acc, ratio.reshape(1, -1, 1) if per_channel else ratio, out=acc)
-    rounded = round_into(t, scratch, config.rounding)   # t: its scratch
+    if config.rounding in _NEAREST and not config.requantization.ties_possible(reach):
+        rounded = np.rint(t, out=scratch)   # no t in range is a tie: every nearest policy is rint
+    else:
+        rounded = round_into(t, scratch, config.rounding)   # t: its scratch
     step = np.float64(scale.reshape(()))
     with np.errstate(over="ignore"):   # codes far out of range: inf, which the clamp below takes to its edge
         np.multiply(rounded, step, out=target, casting="same_kind")
