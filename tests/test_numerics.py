@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ppqlike.core.errors import CalibrationDataError, QuantizationPolicyError, QuantizationStateError
 from ppqlike.core.numerics import (
-    dequantize, fake_quantize, minmax_to_scale_offset, power_of_2_scale, quantize, quantize_codes, requantize,
+    dequantize, fake_quantize, fake_quantizer, minmax_to_scale_offset, power_of_2_scale, quantize, quantize_codes, requantize,
     rounding_right_shift, scale_to_multiplier_shift,
 )
 from ppqlike.core.rounding import RoundingPolicy, round_values
@@ -227,6 +227,14 @@ def test_fake_quantize_in_blocks_and_in_place_equals_two_step_path(policy, qrang
         np.testing.assert_array_equal(codes[finite], (quantize(x, scale, offset, qmin, qmax, policy) - offset)[finite])
         assert (codes * scale).tobytes() == fake_quantize(x, scale, offset, qmin, qmax, policy).tobytes()
     assert quantize_codes(x.astype(np.float64), scale, offset, qmin, qmax, policy) is None
+    # prepared once, run on blocks (C-ordered, transposed, strided, float64) into C-ordered outputs: the bytes
+    # fake_quantize writes there, zero signs included
+    quantizer = fake_quantizer(scale, offset, qmin, qmax, policy)
+    with np.errstate(invalid="ignore"):
+        for block in (x, x.T, x[:, ::2], x.astype(np.float64)):
+            out, expected = np.empty(block.shape, np.float32), np.empty(block.shape, np.float32)
+            assert quantizer(block, out) is out
+            assert out.tobytes() == fake_quantize(block, scale, offset, qmin, qmax, policy, out=expected).tobytes()
 
 
 def test_per_channel_matches_per_tensor_slices():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .numerics import fake_quantize
+from .numerics import fake_quantizer
 from .rounding import RoundingPolicy, round_into
 
 _BLOCK = 1 << 18   # elements per block: x / S in a scratch buffer before it is rounded into ``out`` (fewer, larger
@@ -64,25 +64,40 @@ def fake_quantize_clipped(x: np.ndarray, scale, offset, quant_min: int, quant_ma
     """fake_quantize(clip(x, low, high)) written into ``out`` (float32, ``x``'s shape, any layout; may be
     ``x``): blocks along the first axis, four passes each where ``code_bounds`` allows, else the clip and
     then ``numerics.fake_quantize``."""
-    bounds = code_bounds(scale, offset, quant_min, quant_max, low, high) \
-        if x.dtype == np.float32 and out.dtype == np.float32 and x.ndim else None
+    return clipped_fake_quantizer(scale, offset, quant_min, quant_max, rounding, low, high)(x, out)
+
+
+def clipped_fake_quantizer(scale, offset, quant_min: int, quant_max: int, rounding: RoundingPolicy, low, high):
+    """``fake_quantize_clipped`` with these parameters as a function ``(x, out)``, the bounds worked out once
+    (a kernel's epilogue calls it block after block)."""
+    bounds = code_bounds(scale, offset, quant_min, quant_max, low, high)
+    plain = fake_quantizer(scale, offset, quant_min, quant_max, rounding)
+    clip_low, clip_high = -np.inf if low is None else low, np.inf if high is None else high
+
+    def clip_first(x, out):
+        np.clip(x, clip_low, clip_high, out=out)
+        return plain(out, out)
     if bounds is None:
-        np.clip(x, -np.inf if low is None else low, np.inf if high is None else high, out=out)
-        return fake_quantize(out, scale, offset, quant_min, quant_max, rounding, out=out)
+        return clip_first
     step = np.asarray(scale).reshape(()).astype(np.float32)
-    rows = max(1, _BLOCK // max(1, x[0].size))
-    scratch = np.empty((min(rows, x.shape[0]),) + x.shape[1:], np.float32)
     policy = RoundingPolicy.parse(rounding)
     half_up = policy in _HALF_UP_ON_POSITIVES and bounds[0] >= 0 and bounds[1] <= _CHECKED
-    for start in range(0, x.shape[0], rows):
-        target = out[start:start + rows]
-        steps = scratch[:target.shape[0]]
-        np.divide(x[start:start + rows], step, out=steps)
-        np.clip(steps, bounds[0], bounds[1], out=steps)
-        if half_up:
-            np.add(steps, _BELOW_HALF, out=steps)
-            np.floor(steps, out=target)
-        else:
-            round_into(steps, target, policy)   # steps: its scratch
-        np.multiply(target, step, out=target)
-    return out
+
+    def run(x, out):
+        if x.dtype != np.float32 or out.dtype != np.float32 or not x.ndim:
+            return clip_first(x, out)
+        rows = max(1, _BLOCK // max(1, x[0].size))
+        scratch = np.empty((min(rows, x.shape[0]),) + x.shape[1:], np.float32)
+        for start in range(0, x.shape[0], rows):
+            target = out[start:start + rows]
+            steps = scratch[:target.shape[0]]
+            np.divide(x[start:start + rows], step, out=steps)
+            np.clip(steps, bounds[0], bounds[1], out=steps)
+            if half_up:
+                np.add(steps, _BELOW_HALF, out=steps)
+                np.floor(steps, out=target)
+            else:
+                round_into(steps, target, policy)   # steps: its scratch
+            np.multiply(target, step, out=target)
+        return out
+    return run

@@ -207,14 +207,24 @@ def _fake_quantize_blocks(x, scale, offset, qmin, qmax, rounding, out, dequantiz
     With z the offset, clamp(round(x / S) + z) - z is computed as clamp(round(x / S), qmin - z, qmax - z):
     the same integers (exact in float32), two passes fewer.
     """
+    s, low, high = _block_parameters(scale, offset, qmin, qmax)
+    result = empty_like_dense(x) if out is None else out
+    _quantize_flat(flat_view(x), flat_view(result), s, low, high, rounding, dequantize)
+    return result
+
+
+def _block_parameters(scale, offset, qmin: int, qmax: int) -> tuple:
+    """(S, qmin - z, qmax - z) as float32 scalars for the per-tensor block path (checked)."""
     s = _scale_array(np.asarray(scale).reshape(()), np.float32, 0, (), None)
     z = np.asarray(offset).reshape(())
     if not np.issubdtype(z.dtype, np.integer) and z != np.round(z):
         raise QuantizationStateError(f"offset must be integer-valued, got {z!r}")
     z = int(z)
-    low, high = np.float32(qmin - z), np.float32(qmax - z)
-    result = empty_like_dense(x) if out is None else out
-    source, target = flat_view(x), flat_view(result)
+    return s, np.float32(qmin - z), np.float32(qmax - z)
+
+
+def _quantize_flat(source: np.ndarray, target: np.ndarray, s, low, high, rounding, dequantize: bool) -> None:
+    """The block loop of the per-tensor path over flat (1-D) ``source`` and ``target`` (may be the same)."""
     scratch = np.empty(min(_BLOCK, source.size), np.float32)   # x / S, then its distance to rint
     for start in range(0, source.size, _BLOCK):
         block = target[start:start + _BLOCK]
@@ -224,7 +234,30 @@ def _fake_quantize_blocks(x, scale, offset, qmin, qmax, rounding, out, dequantiz
         np.clip(block, low, high, out=block)
         if dequantize:
             np.multiply(block, s, out=block)
-    return result
+
+
+def fake_quantizer(scale, offset, quant_min: int, quant_max: int,
+                   rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN):
+    """``fake_quantize`` with these parameters as a function ``(x, out)``, its checks made once: a kernel's
+    epilogue calls it block after block.  C-ordered float32 blocks take the per-tensor block path
+    directly (the same blocks, so the same bits); anything else goes through ``fake_quantize``."""
+    qmin, qmax = _check_range(quant_min, quant_max)
+    rounding = RoundingPolicy.parse(rounding)
+
+    def general(x, out):
+        return fake_quantize(x, scale, offset, qmin, qmax, rounding, out=out)
+    if not (_is_f32(scale) and np.size(scale) == 1 and np.size(offset) == 1 and -_F32_EXACT <= qmin
+            and qmax <= _F32_EXACT):
+        return general
+    s, low, high = _block_parameters(scale, offset, qmin, qmax)
+
+    def run(x, out):
+        if isinstance(x, np.ndarray) and x.dtype == np.float32 and out.dtype == np.float32 and x.ndim \
+                and x.shape == out.shape and x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable:
+            _quantize_flat(x.reshape(-1), out.reshape(-1), s, low, high, rounding, True)
+            return out
+        return general(x, out)
+    return run
 
 
 def power_of_2_scale(scale, rounding: RoundingPolicy = RoundingPolicy.ROUND_UP):

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ppqlike.core import numerics
-from ppqlike.core.clipped_quantization import fake_quantize_clipped
+from ppqlike.core.clipped_quantization import clipped_fake_quantizer
 from ppqlike.core.errors import QuantizationStateError
 from ppqlike.core.quant_grid import QuantGridBase, default_quant_range, readonly
 from ppqlike.core.quant_policy import QuantizationPolicy, QuantizationProperty
@@ -310,8 +310,19 @@ class TensorQuantizationConfig(QuantGridBase):
     def fake_quantize_clipped(self, x, low, high, out: np.ndarray) -> np.ndarray:
         """fake_quantize(clip(x, low, high)) into ``out`` (a Relu/Clip before this per-tensor quantization;
         ``clipped_quantization``: one pass fewer where exact)."""
+        return self.fake_quantizer(low, high, clipped=True)(x, out)
+
+    def fake_quantizer(self, low=None, high=None, clipped: bool = False):
+        """This per-tensor config's ``fake_quantize`` - or, ``clipped``, ``fake_quantize_clipped`` with these
+        bounds - as a function ``(x, out)`` with its scale and checks resolved now (a kernel's epilogue
+        calls it block after block, within one run)."""
         scale, offset, qmin, qmax, _ = self._params()
-        return fake_quantize_clipped(x, scale, offset, qmin, qmax, self._rounding, low, high, out)
+        try:
+            if clipped:
+                return clipped_fake_quantizer(scale, offset, qmin, qmax, self._rounding, low, high)
+            return numerics.fake_quantizer(scale, offset, qmin, qmax, self._rounding)
+        except QuantizationStateError as exc:
+            raise QuantizationStateError(f"{self._who()}: {exc}") from None
 
     def quantize_codes(self, x) -> np.ndarray | None:
         """q - Z as integer-valued float32 (``numerics.quantize_codes``: S times them is ``fake_quantize(x)``),

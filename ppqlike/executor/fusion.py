@@ -230,12 +230,10 @@ def quantizing_epilogue(producer: Operation, activation: Operation | None, bound
         return None
 
     low, high = (None, None) if clip is None else bounds
+    quantizer = config.fake_quantizer(low, high, clipped=clip is not None)   # resolved once, run per block
 
     def quantize(block: np.ndarray, out: np.ndarray | None = None) -> None:
-        if clip is None:
-            config.fake_quantize(block, out=block if out is None else out)
-        else:
-            config.fake_quantize_clipped(block, low, high, block if out is None else out)
+        quantizer(block, block if out is None else out)
     return quantize, grid_key(config)
 
 
