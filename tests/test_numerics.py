@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from ppqlike.core.errors import CalibrationDataError, QuantizationPolicyError, QuantizationStateError
 from ppqlike.core.numerics import (
-    dequantize, fake_quantize, fake_quantizer, minmax_to_scale_offset, power_of_2_scale, quantize, quantize_codes, requantize,
-    rounding_right_shift, scale_to_multiplier_shift,
+    dequantize, fake_quantize, fake_quantizer, minmax_to_scale_offset, power_of_2_scale, quantize, quantize_codes,
+    requantize, rounding_right_shift, scale_to_multiplier_shift,
 )
 from ppqlike.core.rounding import RoundingPolicy, round_values
 
