@@ -183,6 +183,43 @@ def test_ties_possible_is_whether_some_accumulator_is_halfway(multiplier, shift,
     assert facts.ties_possible(reach) == halfway
 
 
+def test_integer_requantization_of_dead_channels_with_long_shifts():
+    """A channels-last output (seen as rows of several pixels) with two channels of a tiny accumulator scale,
+    as a dead channel has (right shifts past 53 - 8, accumulators near 2^31): their float64 t is checked for
+    near ties - one of them has a power-of-two ratio, so exact ties in range - and those channels computed
+    in int64; the whole equals the int64 formula."""
+    from ppqlike.core.quant import QuantizationStates, TensorQuantizationConfig
+    from ppqlike.core.quant_policy import QuantizationProperty
+    from ppqlike.core.requantization import IntegerRequantization
+    from ppqlike.executor.simulation import requantize_output
+    rng = np.random.default_rng(3)
+    channels = 24
+    accumulator_scale = rng.uniform(1e-4, 1e-3, channels)
+    accumulator_scale[5], accumulator_scale[17] = 3e-10, 0.05 * 2.0 ** -27   # M0 = 2^30, shift 57 for the second
+    multiplier, shift = numerics.scale_to_multiplier_shift(accumulator_scale / 0.05)
+    assert shift[5] + 8 > 53 and shift[17] == 57 and multiplier[17] == 2 ** 30
+    multiplier[9], shift[9] = (21 * 2 ** 56 - 15) // 199, 57   # t = 199 * M0 / 2^57 = 10.5 - 15 * 2^-57 (below
+    # the half by less than float64's error: its product says 10.5), M0 < 2^53
+    codes = rng.integers(-40000, 40000, (4, 10, 10, channels))
+    codes[..., 5] = rng.integers(-2 ** 31, 2 ** 31, (4, 10, 10))
+    codes[..., 9] = 199
+    codes[..., 17] = (2 * rng.integers(-20, 20, (4, 10, 10)) + 1) * 2 ** 26   # t = odd / 2: halfway, in range
+    value = codes * accumulator_scale   # float64: the codes stay exact
+    facts = IntegerRequantization.from_arrays(multiplier, shift, accumulator_scale, 3)
+    config = TensorQuantizationConfig(QuantizationProperty.SYMMETRICAL | QuantizationProperty.LINEAR |
+                                      QuantizationProperty.PER_TENSOR, RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO,
+                                      8, -128, 127, scale=np.float32(0.05), offset=0,
+                                      state=QuantizationStates.ACTIVATED)
+    config.requantization = facts
+    acc = np.rint(value / accumulator_scale).astype(np.int64)
+    q = np.stack([numerics.requantize(acc[..., c], int(multiplier[c]), int(shift[c]), 0, -128, 127,
+                                      RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO) for c in range(channels)], axis=-1)
+    expected = numerics.dequantize(q, np.float32(0.05), 0)
+    np.testing.assert_array_equal(requantize_output(config, value), expected)
+    assert np.abs(expected[..., 17]).max() < 127 * 0.05   # the halfway codes lie inside the range
+    assert np.all(expected[..., 9] == np.float32(10 * 0.05))   # not 11: t is just below the half
+
+
 def test_every_platform_has_a_policy_and_quantizes():
     assert set(PLATFORM_POLICIES) == {p for p in TargetPlatform if p.is_quantized}
     for platform in PLATFORM_POLICIES:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ppqlike.core.errors import QuantizationPolicyError
 
-__all__ = ["RoundingPolicy", "round_values", "round_inplace"]
+__all__ = ["RoundingPolicy", "NEAREST_POLICIES", "round_values", "round_inplace"]
 
 
 class RoundingPolicy(enum.Enum):
@@ -106,6 +106,10 @@ def round_into(t: np.ndarray, out: np.ndarray, policy: RoundingPolicy) -> np.nda
         raise QuantizationPolicyError(f"unknown rounding policy {policy!r}")
     return r
 
+
+#: the policies that round to the nearest integer (they differ only on ties)
+NEAREST_POLICIES = frozenset({_P.ROUND_HALF_EVEN, _P.ROUND_HALF_AWAY_FROM_ZERO, _P.ROUND_HALF_TOWARDS_ZERO,
+                              _P.ROUND_HALF_UP, _P.ROUND_HALF_DOWN})
 
 _DIRECT = {_P.ROUND_HALF_EVEN: np.rint, _P.ROUND_UP: np.ceil, _P.ROUND_DOWN: np.floor, _P.ROUND_TO_ZERO: np.trunc}
 

@@ -24,23 +24,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..core import numerics
 from ..core.ir import Graph, Operation
-from ..core.layout import channel_view, dense, empty_like_dense, memory_axes
+from ..core.layout import memory_axes
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
 from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
-from ..core.rounding import RoundingPolicy, round_into
-from .integer_codes import Codes, channel_chunks, values_of
-from .ops._threads import parallel_items
-
-_REQUANTIZE_OUTPUT_BLOCK = 1 << 17   # elements per chunk of requantize_output: its ~11 passes each a numpy call,
-                                     # so chunks large enough that two threads seldom wait for the GIL
-
-#: policies under which fake-quantizing a value already on the grid gives it back unchanged
-#: (x / S lies within a few ulps of an integer, and these round that to the integer)
-_NEAREST = frozenset({RoundingPolicy.ROUND_HALF_EVEN, RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO,
-                      RoundingPolicy.ROUND_HALF_TOWARDS_ZERO, RoundingPolicy.ROUND_HALF_UP,
-                      RoundingPolicy.ROUND_HALF_DOWN})
+from ..core.rounding import NEAREST_POLICIES
+from .integer_codes import Codes, values_of
+from .integer_requantization import requantize_output
 
 
 def apply_config(config: TensorQuantizationConfig | None, value, in_place: bool = False):
@@ -98,7 +88,7 @@ def _grid_of(config: TensorQuantizationConfig) -> tuple | None:
 
 def keeps_grid(config: TensorQuantizationConfig | None, key: tuple | None) -> bool:
     """Whether quantizing a value that lies on grid ``key`` with ``config`` leaves it unchanged."""
-    return key is not None and config is not None and config.rounding in _NEAREST and grid_key(config) == key
+    return key is not None and config is not None and config.rounding in NEAREST_POLICIES and grid_key(config) == key
 
 
 def argument_grids(operation: Operation, names: tuple, grids: dict) -> tuple:
@@ -124,88 +114,6 @@ def fresh_results(operation: Operation, results: list, arguments: list) -> tuple
                  and memory_axes(value) is not None
                  and not any(isinstance(a, np.ndarray) and np.may_share_memory(value, a) for a in arguments)
                  for value in results)
-
-
-def requantize_output(config: TensorQuantizationConfig, value):
-    """Integer requantization of a computing op's output (``config.requantization``, TPU style).
-
-    The float output y is turned back into its int32 accumulator
-    acc = round(y / S_acc) (exact up to float error), requantized with the
-    stored integer multiplier and right shift under the config's rounding,
-    and dequantized with the output scale.  Elementwise, so it runs a
-    cache-sized block at a time (whole channels' slices of the per-channel
-    factors with each), the blocks on the kernel threads, each with float64
-    buffers of its own.
-    """
-    facts = config.requantization
-    axis = facts.channel_axis % value.ndim
-    per_channel = facts.per_channel
-    accumulator_scale = np.asarray(facts.accumulator_scale, np.float64).reshape(-1)
-    multiplier, shift = np.asarray(facts.multiplier).reshape(-1), np.asarray(facts.right_shift).reshape(-1)
-    value = dense(value)
-    result = empty_like_dense(value, np.float32)
-    source = channel_view(value, axis if per_channel else None)   # the factors along its middle axis
-    out = channel_view(result, axis if per_channel else None)
-    chunks = list(channel_chunks(source.shape, _REQUANTIZE_OUTPUT_BLOCK))
-    largest = max((source[rows, channels].size for rows, channels in chunks), default=0)
-
-    def requantize_chunk(index, buffers):   # elementwise: the chunks on the kernel threads
-        rows, channel_range = chunks[index]
-        block = source[rows, channel_range]
-        if per_channel:
-            factors = accumulator_scale[channel_range].reshape(1, -1, 1)
-            m, r = multiplier[channel_range], shift[channel_range]
-        else:
-            factors, m, r = accumulator_scale[0], int(multiplier[0]), int(shift[0])
-        acc, scratch = (b[:block.size].reshape(block.shape) for b in buffers)
-        np.divide(block, factors, out=acc, dtype=np.float64)
-        np.rint(acc, out=acc)
-        _requantize_block(acc, scratch, m, r, config, per_channel, out[rows, channel_range])
-    parallel_items(requantize_chunk, len(chunks), lambda: (np.empty(largest), np.empty(largest)))
-    return result
-
-
-def _requantize_block(acc: np.ndarray, scratch: np.ndarray, multiplier, shift, config: TensorQuantizationConfig,
-                      per_channel: bool, target: np.ndarray) -> None:
-    """One block of ``requantize_output``: the integer accumulator ``acc`` (float64 integers, overwritten;
-    ``scratch`` a float64 buffer of its shape) to output values, written into ``target`` (float32).
-
-    t = acc * (M0 * 2^-shift) in float64 rounds under the config's policy to the integer of the int64
-    multiply and rounding right shift when
-    * shift + bits(L) <= 53, L = max(|qmin - z|, |qmax - z|) + 1: where |t| < L its rounding error is
-      below half an ulp of L, under the 2^-shift that parts a multiple of 2^-shift from any other half
-      integer, so no decision moves; where |t| >= L the clamp decides either way (rounding is monotone);
-    * or max|acc| * max M0 < 2^53 (two more passes to find): then t is exact.
-    Otherwise the int64 path.  Where no t with |t| < L is a tie (``IntegerRequantization.ties_possible``:
-    any multiplier whose odd part is 2L or more) a nearest policy is rint alone, and outside that range
-    the clamp decides.  The values S * (q - z): the float64 product of the integer (below 2^24)
-    and the float32 S is exact, so its float32 rounding is dequantize's float32 product.
-    """
-    offset = int(config.offset)
-    reach = max(abs(config.quant_min - offset), abs(config.quant_max - offset)) + 1
-    scale = np.asarray(config.scale)
-    exact = int(np.max(shift)) + reach.bit_length() <= 53
-    if not exact:   # two passes more: max|acc| * max M0 < 2^53 makes t exact
-        largest = max(float(acc.max(initial=0.0)), -float(acc.min(initial=0.0)))
-        exact = largest * float(np.max(np.abs(multiplier))) < 2.0 ** 53
-    if not exact or scale.dtype != np.float32 or scale.size != 1:
-        q = numerics.requantize(acc.astype(np.int64), multiplier, shift, offset, config.quant_min, config.quant_max,
-                                config.rounding, channel_axis=1 if per_channel else None)
-        target[...] = numerics.dequantize(q, config.scale, config.offset)
-        return
-    ratio = np.ldexp(np.asarray(multiplier, np.float64), -np.asarray(shift, np.int64))
-    t = np.multiply(acc, ratio.reshape(1, -1, 1) if per_channel else ratio, out=acc)
-    if config.rounding in _NEAREST and not config.requantization.ties_possible(reach):
-        rounded = np.rint(t, out=scratch)   # no t in range is a tie: every nearest policy is rint
-    else:
-        rounded = round_into(t, scratch, config.rounding)   # t: its scratch
-    step = np.float64(scale.reshape(()))
-    with np.errstate(over="ignore"):   # codes far out of range: inf, which the clamp below takes to its edge
-        np.multiply(rounded, step, out=target, casting="same_kind")
-    # the clamp of q into range on the values, in float32 (S * code is monotone in the code, and the edges
-    # are the products S * (qmin - z), S * (qmax - z) rounded as the values are)
-    np.clip(target, np.float32((config.quant_min - offset) * step), np.float32((config.quant_max - offset) * step),
-            out=target)
 
 
 def apply_output_config(config: TensorQuantizationConfig | None, value, in_place: bool = False):
