@@ -111,6 +111,20 @@ def test_round_values_matches_reference_on_random_floats(values, policy):
     assert [round_values(v, policy) for v in values] == got.tolist()
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-2.0 ** 24, 2.0 ** 24, width=32), min_size=1, max_size=30),
+       st.sampled_from([np.float32, np.float64]))
+def test_half_up_by_floor_in_each_dtype(values, dtype):
+    """ROUND_HALF_UP is floor(t + b), b the float just below 0.5, with t = -0.5 set apart: exact in float32 and
+    float64 (ties, their neighbours, the float below 0.5, large and tiny values), as the exact reference."""
+    from ppqlike.core.rounding import round_into
+    edges = [0.5, -0.5, 1.5, -1.5, 2.0 ** 22 + 0.5, -2.0 ** 22 - 0.5, 2.0 ** 23 + 1, 1e-30, -1e-30, 0.0, -0.0]
+    edges += [float(np.nextafter(dtype(k + 0.5), dtype(side))) for k in range(-3, 3) for side in (-1e9, 1e9)]
+    t = np.array(values + edges, dtype)
+    got = round_into(t.copy(), np.empty_like(t), P.ROUND_HALF_UP)
+    assert got.tolist() == [ref_round(float(v), P.ROUND_HALF_UP) for v in t]
+
+
 # ------------------------------------------------------- quantize/dequantize
 def test_quantize_basic_per_tensor_and_dtypes():
     x = np.array([-1.0, -0.25, 0.0, 0.25, 0.375, 10.0], dtype=np.float32)
