@@ -92,7 +92,7 @@ def clipped_fake_quantizer(scale, offset, quant_min: int, quant_max: int, roundi
             target = out[start:start + rows]
             steps = scratch[:target.shape[0]]
             np.divide(x[start:start + rows], step, out=steps)
-            np.clip(steps, bounds[0], bounds[1], out=steps)
+            steps.clip(bounds[0], bounds[1], out=steps)
             if half_up:
                 np.add(steps, _BELOW_HALF, out=steps)
                 np.floor(steps, out=target)

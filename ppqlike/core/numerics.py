@@ -231,7 +231,7 @@ def _quantize_flat(source: np.ndarray, target: np.ndarray, s, low, high, roundin
         steps = scratch[:block.size]
         np.divide(source[start:start + _BLOCK], s, out=steps)
         round_into(steps, block, rounding)
-        np.clip(block, low, high, out=block)
+        block.clip(low, high, out=block)
         if dequantize:
             np.multiply(block, s, out=block)
 

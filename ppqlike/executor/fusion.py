@@ -258,7 +258,8 @@ def clip_epilogue(bounds: tuple | None):
         return None
     low = -np.inf if bounds[0] is None else bounds[0]   # numpy's two-bound clip: about 2x maximum's speed
     high = np.inf if bounds[1] is None else bounds[1]
-    return lambda block, out=None: np.clip(block, low, high, out=block if out is None else out)
+    # ndarray.clip rather than np.clip: two wrapper layers fewer (2 us a call, each block, with the GIL held)
+    return lambda block, out=None: block.clip(low, high, out=block if out is None else out)
 
 
 #: Ops whose result on integer codes is the codes of their result on the values, on the same grid: they

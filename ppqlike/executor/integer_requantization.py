@@ -147,4 +147,4 @@ class _Requantizer:
             np.multiply(rounded, self.step, out=target, casting="same_kind")
         # the clamp of q into range on the values, in float32 (S * code is monotone in the code, and the edges
         # are the products S * (qmin - z), S * (qmax - z) rounded as the values are)
-        np.clip(target, self.edges[0], self.edges[1], out=target)
+        target.clip(self.edges[0], self.edges[1], out=target)

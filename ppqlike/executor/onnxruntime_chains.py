@@ -113,7 +113,7 @@ def requantize_block(codes: ConvCodes, width: int):
             block = target
         np.multiply(block, factors, out=target)
         np.rint(target, out=target)
-        np.clip(target, low, high, out=target)
+        target.clip(low, high, out=target)
     return epilogue
 
 

@@ -186,7 +186,7 @@ def _requantize(accumulator: np.ndarray, multiplier, output: TensorQuantizationC
         np.multiply(block, factor, out=block)
         np.rint(block, out=block)
         if clamp is not False:
-            np.clip(block, low, high, out=block)
+            block.clip(low, high, out=block)
         if not as_codes:
             np.multiply(block, scale, out=block)   # S * (q - z): output.dequantize's float32 arithmetic
     parallel_over(requantize_chunk, list(channel_chunks(blocks.shape, _REQUANTIZE_BLOCK)))
