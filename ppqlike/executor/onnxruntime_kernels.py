@@ -91,12 +91,6 @@ EXACT_F32 = 2.0 ** 24    # integers up to here are exact in float32
 INT32 = 2.0 ** 31
 
 
-def product_bound(operation: Operation, integers: list, largest_input: float) -> float:
-    """A bound on every partial sum of the op's products, whatever the summation order: ``largest_input``
-    (max |x|) * max over output channels of sum |w| (inf for a Gemm with transA, not bounded here)."""
-    return float(np.max(product_bounds(operation, integers[1], largest_input), initial=0.0))
-
-
 def product_bounds(operation: Operation, weight: np.ndarray, largest_input: float) -> np.ndarray:
     """Per output channel, a bound on every partial sum of its products: ``largest_input`` * sum |w| over
     the channel's weights (one inf for a Gemm with transA, not bounded here)."""
@@ -226,12 +220,13 @@ def _linear(operation, kernel, arguments, configs, output, on_grid, clamp, as_co
     if any(i is None for i in integers):
         return None
     largest_input = code_bound(data) if on_grid[0] else largest_magnitude(integers[0])
-    products = product_bound(operation, integers, largest_input)
+    bounds = product_bounds(operation, integers[1], largest_input)   # per output channel
+    products = float(np.max(bounds, initial=0.0))
     total = products + (largest_magnitude(integers[2]) if len(integers) > 2 else 0.0)
     precision = _precision(operation, integers, products, total)
     bias = None
     if precision == "bias apart":   # the products exact in float32, the wide (saturated int32) bias not
-        rest, bias, wide = split_bias(integers[2], product_bounds(operation, integers[1], largest_input))
+        rest, bias, wide = split_bias(integers[2], bounds)
         accumulator = kernel(integers[:2] + [rest])[0]
         if wide.size:   # channels whose int32 sum may wrap: formed exactly in float64, wrapped, stored
             exact = accumulator[:, wide].astype(np.float64)
