@@ -20,15 +20,14 @@ from __future__ import annotations
 import numpy as np
 
 from .numerics import fake_quantizer
-from .rounding import RoundingPolicy, round_into
+from .rounding import RoundingPolicy, floor_half_up, round_into
 
 _BLOCK = 1 << 18   # elements per block: x / S in a scratch buffer before it is rounded into ``out`` (fewer, larger
                    # numpy calls measured faster than blocks that stay in L2)
 
 
-#: the policies that round codes >= 0 half up, and the float32 just below 0.5 that does it with a floor
+#: the policies that round codes >= 0 half up (``rounding.floor_half_up`` does it there)
 _HALF_UP_ON_POSITIVES = frozenset({RoundingPolicy.ROUND_HALF_UP, RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO})
-_BELOW_HALF = np.nextafter(np.float32(0.5), np.float32(0))
 _CHECKED = 2.0 ** 22   # the codes the exhaustive check covered
 
 
@@ -94,8 +93,7 @@ def clipped_fake_quantizer(scale, offset, quant_min: int, quant_max: int, roundi
             np.divide(x[start:start + rows], step, out=steps)
             steps.clip(bounds[0], bounds[1], out=steps)
             if half_up:
-                np.add(steps, _BELOW_HALF, out=steps)
-                np.floor(steps, out=target)
+                floor_half_up(steps, target)
             else:
                 round_into(steps, target, policy)   # steps: its scratch
             np.multiply(target, step, out=target)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ppqlike.core.errors import QuantizationPolicyError
 
-__all__ = ["RoundingPolicy", "NEAREST_POLICIES", "round_values", "round_inplace"]
+__all__ = ["RoundingPolicy", "NEAREST_POLICIES", "round_values", "round_inplace", "floor_half_up"]
 
 
 class RoundingPolicy(enum.Enum):
@@ -88,9 +88,8 @@ def round_into(t: np.ndarray, out: np.ndarray, policy: RoundingPolicy) -> np.nda
     """
     if policy in _DIRECT:
         return _DIRECT[policy](t, out=out)
-    below_half = _BELOW_HALF.get(t.dtype) if policy is _P.ROUND_HALF_UP else None
-    if below_half is not None:   # floor(t + (0.5 - ulp)): two passes; wrong only at t = -0.5 (see the module)
-        np.floor(np.add(t, below_half, out=out), out=out)
+    if policy is _P.ROUND_HALF_UP and t.dtype in _BELOW_HALF:   # two passes and a compare (see the module)
+        floor_half_up(t, out)
         wrong = t == -0.5
         if wrong.any():
             np.copyto(out, 0.0, where=wrong)
@@ -126,6 +125,12 @@ NEAREST_POLICIES = frozenset({_P.ROUND_HALF_EVEN, _P.ROUND_HALF_AWAY_FROM_ZERO, 
 #: the float just below 0.5 of each dtype: half up is floor(t + it) for every t but -0.5
 _BELOW_HALF = {np.dtype(np.float32): np.nextafter(np.float32(0.5), np.float32(0)),
                np.dtype(np.float64): np.nextafter(0.5, 0.0)}
+
+
+def floor_half_up(t: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out`` = floor(t + b), b the float32 or float64 just below 0.5: ``t`` rounded half up for every value
+    but t = -0.5, which gives -1 (see the module; ``round_into`` sets it apart, and codes >= 0 never hold it)."""
+    return np.floor(np.add(t, _BELOW_HALF[t.dtype], out=out), out=out)
 
 _DIRECT = {_P.ROUND_HALF_EVEN: np.rint, _P.ROUND_UP: np.ceil, _P.ROUND_DOWN: np.floor, _P.ROUND_TO_ZERO: np.trunc}
 
