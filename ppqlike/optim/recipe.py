@@ -159,6 +159,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
     if setting.range_search:  # needs every range calibrated; bias correction then measures what is left
         passes.append(ActivationRangeSearchPass(samples=setting.range_search_samples, time_budget=budget,
                                                 verbose=verbose > 0))
+        if policy.bias_int32:  # again: the search moved input scales, before bias correction bakes biases
+            passes.append(Int32BiasRangePass())
     if setting.bias_correction:  # measures the error of the weights as they will be baked
         passes.append(BiasCorrectionPass(steps=setting.bias_correction_steps,
                                          new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0))
@@ -167,8 +169,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                                          batches=setting.mixed_precision_batches,
                                          max_ops=setting.mixed_precision_max_ops, verbose=verbose > 0,
                                          higher_precision_bits=policy.higher_precision_bits))
-    if policy.bias_int32 and (setting.range_search or setting.bias_correction or setting.accuracy_target is not None):
-        passes.append(Int32BiasRangePass())  # again: those passes moved input scales and biases
+    if policy.bias_int32 and setting.accuracy_target is not None:
+        passes.append(Int32BiasRangePass())  # again: moving ops off 8 bits made new weight scales
     if policy.integer_requantization:
         passes.append(IntegerRequantizationPass())
     if policy.runtime_kernels:

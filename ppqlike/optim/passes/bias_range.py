@@ -18,8 +18,9 @@ zero); every other channel keeps its scale.
 Reads: computing ops with an applied 32-bit bias config (PASSIVE under
 [input, weight]), the input's per-tensor scale, the weight's ACTIVATED
 symmetric scale, the float bias.  Writes: the weight config's scale (no
-state changes).  Runs after every pass that chooses scales, before
-requantization and baking.
+state changes).  Runs after every pass that chooses scales, before bias
+correction bakes biases (a baked bias, PASSIVE_BAKED, is left alone) and
+before requantization and baking.
 """
 
 from __future__ import annotations
