@@ -223,10 +223,10 @@ def quantizing_epilogue(producer: Operation, activation: Operation | None, bound
         clip = clip_epilogue(bounds)
     config = output_config(activation if activation is not None else producer)
     if config is not None and config.requantization is not None and quantizes(config, "output"):
-        return None
+        return None   # (an applied config carrying a requantization among them)
     if passes_through(config):
         return clip, None
-    if not is_applied(config.state) or config.requantization is not None or np.size(config.scale) != 1:
+    if not is_applied(config.state) or np.size(config.scale) != 1:
         return None
 
     low, high = (None, None) if clip is None else bounds
