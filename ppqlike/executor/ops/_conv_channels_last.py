@@ -24,7 +24,8 @@ transposes a conv stack would otherwise pay at each layer:
   never goes to memory whole (MobileNetV2's 16 of them: 258 -> 229 ms a batch).
 
 Each block of a result gets its bias and the kernel's ``epilogue`` (a fused
-Relu/Clip) while it is in cache.  Inputs are never written.  Results are fresh
+Relu/Clip) while it is in cache.  The GEMM matrices and tap weights made from
+constant parameters are kept across calls (``_prepared``).  Inputs are never written.  Results are fresh
 channels-last arrays.
 """
 
@@ -34,6 +35,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ._conv_depthwise import same_geometry
+from ._prepared import prepared
 from ._threads import parallel_items
 
 _ROWS_BLOCK = 1 << 19       # output elements per block of a depthwise convolution: few, long numpy calls
@@ -88,6 +90,18 @@ def pointwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dtype, epilogu
     return out.transpose(0, 3, 1, 2)
 
 
+def _gemm_weight(w: np.ndarray, b: np.ndarray | None, dtype) -> np.ndarray:
+    """The GEMM matrix of a 1x1 convolution: ``w`` [Co,Ci,1,1] as [Ci, Co], ``b`` (when given) an extra last
+    row, read-only."""
+    co, ci = w.shape[:2]
+    weight = np.empty((ci + (b is not None), co), dtype)
+    weight[:ci] = w.reshape(co, ci).T
+    if b is not None:
+        weight[ci] = b
+    weight.flags.writeable = False
+    return weight
+
+
 class _Gemm:
     """The GEMMs of a 1x1 convolution over ``n`` channels-last images: one per group of whole images (about
     ``_POINTWISE_BLOCK`` output elements, at least ``_POINTWISE_GROUPS`` groups when there are as many
@@ -99,10 +113,8 @@ class _Gemm:
     def __init__(self, w: np.ndarray, b: np.ndarray | None, positions: int, n: int, dtype):
         co, ci = w.shape[:2]
         self.augmented = b is not None and co >= 2 * (ci + 1)
-        self.weight = np.empty((ci + self.augmented, co), dtype)
-        self.weight[:ci] = w.reshape(co, ci).T
-        if self.augmented:
-            self.weight[ci] = b
+        self.weight = prepared(lambda: _gemm_weight(w, b if self.augmented else None, dtype),
+                               ("gemm weight", np.dtype(dtype).str, self.augmented), (w, b))
         self.bias = None if b is None or self.augmented else b.astype(dtype, copy=False)
         self.images = max(1, min(_POINTWISE_BLOCK // max(positions * co, 1), -(-n // _POINTWISE_GROUPS)))
         self.rows, self.ci, self.co, self.dtype = self.images * positions, ci, co, dtype
@@ -156,7 +168,7 @@ def expand_then_depthwise(x: np.ndarray, expand: tuple, depthwise: tuple, pads, 
     third = None if project is None else _Gemm(project[0], project[1], ho * wo, n, dtype)
     if third is not None and gemm.images not in (1, third.images):
         return None
-    plan = _TapGroups(co, h, wd, w2, b2, pads, strides, dilations, dtype)
+    plan = _tap_groups_of(co, h, wd, w2, b2, pads, strides, dilations, dtype)
     source = x.transpose(0, 2, 3, 1).reshape(n, h * wd, ci)
     outputs = co if third is None else third.co
     out = np.empty((n, ho, wo, outputs), dtype)
@@ -331,6 +343,12 @@ class _TapGroups:
         return total
 
 
+def _tap_groups_of(c, h, wd, w, b, pads, strides, dilations, dtype) -> "_TapGroups":
+    """``_TapGroups(...)``, made once per geometry and constant weights (``_prepared``)."""
+    key = ("tap groups", c, h, wd, tuple(pads), tuple(strides), tuple(dilations), np.dtype(dtype).str)
+    return prepared(lambda: _TapGroups(c, h, wd, w, b, pads, strides, dilations, dtype), key, (w, b))
+
+
 def _depthwise_phases(x, w, b, pads, strides, dilations, dtype, epilogue):
     """Depthwise convolution whose output grid is the input's phase grid, by tap groups (see the module).
 
@@ -338,7 +356,7 @@ def _depthwise_phases(x, w, b, pads, strides, dilations, dtype, epilogue):
     read is finite, so an inf or NaN input is recomputed by ``_depthwise_windows``.
     """
     n, c, h, wd = x.shape
-    plan = _TapGroups(c, h, wd, w, b, pads, strides, dilations, dtype)
+    plan = _tap_groups_of(c, h, wd, w, b, pads, strides, dilations, dtype)
     out = np.empty((n, plan.ho, plan.wo, c), dtype)
     totals = np.zeros(n)
 
