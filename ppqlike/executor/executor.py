@@ -31,6 +31,7 @@ from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activate_
                      clip_epilogue, configs_let_fuse, fusable, grid_edges, quantizing_epilogue, run_on_codes)
 from .chains import output_grid, run_float_chain, run_integer_chain
 from .integer_codes import Codes, values_hold_codes, values_of
+from .memory import keep_freed_memory
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .ops import Kernel, build_kernel
 from .ops.tensor import zero_spatial_pads
@@ -69,6 +70,7 @@ class NumpyExecutor:
         self._kernels: dict[str, tuple[int, Kernel]] = {}
         self._plans: dict[tuple, Plan] = {}
         self._plan_revision = -1
+        keep_freed_memory()   # the next batch reuses this one's freed memory instead of re-faulting it
         self.compile()
 
     # ------------------------------------------------- PPQ's call shapes --
