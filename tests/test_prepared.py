@@ -91,3 +91,15 @@ def test_a_parameter_replaced_between_forwards_is_used():
                 initializer.CopyFrom(onnx.numpy_helper.from_array(variable.value, name))
         np.testing.assert_allclose(executor.forward({"x": x})[0], run_onnxruntime(model, {"x": x})[0],
                                    rtol=1e-4, atol=1e-4, err_msg=f"after {name} changed")
+
+
+def test_a_baked_value_is_a_constant_of_its_own():
+    from ppqlike import QuantizationProperty, TensorQuantizationConfig
+    config = TensorQuantizationConfig(QuantizationProperty.SYMMETRICAL | QuantizationProperty.LINEAR
+                                      | QuantizationProperty.PER_TENSOR, scale=0.5, name="w")
+    original = np.arange(4, dtype=np.float32)
+    config.baked_value = original
+    original[0] = 7                                  # the caller's array stays the caller's
+    assert config.baked_value[0] == 0 and _prepared.is_constant(config.baked_value)
+    config.baked_value = None
+    assert config.baked_value is None

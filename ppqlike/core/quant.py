@@ -78,9 +78,7 @@ class TensorQuantizationConfig(QuantGridBase):
         self.requantization: IntegerRequantization | None = None
         #: the runtime whose integer kernel the simulation computes for the op (RuntimeKernelPass), or None
         self.runtime_kernel: str | None = None
-        #: BAKED / PASSIVE_BAKED parameters: the value quantized once (as float), used instead of the
-        #: FP32 original, which stays untouched in Variable.value (DEQUANTIZED reads that again).
-        self.baked_value: np.ndarray | None = None
+        self.baked_value = None   # BAKED / PASSIVE_BAKED parameters: the value quantized once (read-only)
         state = QuantizationStates(state)
         if state in _ONE_MASTER or state is S.DEQUANTIZED:
             raise QuantizationStateError(

@@ -74,6 +74,17 @@ class QuantGridBase:
             raise QuantizationStateError(f"{self._who()}: range [{qmin}, {qmax}] does not fit {bits} bits")
         return qmin, qmax
 
+    @property
+    def baked_value(self) -> np.ndarray | None:
+        """BAKED / PASSIVE_BAKED parameters: the value quantized once (as float), used instead of the FP32
+        original, which stays untouched in Variable.value (DEQUANTIZED reads that again).  Stored as a
+        read-only array of its own: a kernel may keep what it derives from it (``executor.ops._prepared``)."""
+        return self._baked_value
+
+    @baked_value.setter
+    def baked_value(self, value) -> None:
+        self._baked_value = None if value is None else readonly(np.array(value))
+
     def _store(self, scale, offset) -> None:
         """Validate and store own scale/offset (either may be None to keep the current one)."""
         policy = self._policy
