@@ -506,6 +506,61 @@ def test_ops_that_move_values_move_codes(tmp_path, monkeypatch):
     np.testing.assert_array_equal(plain[-1], run_qdq_model(model, {"x": x})[0])
 
 
+@pytest.mark.parametrize("platform", ["TRT_INT8", "NXP_INT8"])
+def test_values_moved_onto_their_grid_are_not_quantized_again(tmp_path, monkeypatch, platform):
+    """In the float simulation a Concat whose inputs lie on its output grid is not fake-quantized again
+    (``fusion.moves_grid``): its results equal the hooked run's, which quantizes every op's output, bit for
+    bit."""
+    from ppqlike.executor import OperationHook
+    from ppqlike.executor import executor as executor_module
+    rng = np.random.default_rng(5)
+    onnx.save(_fire_model(5), tmp_path / "m.onnx")
+    calibration = [rng.standard_normal((8, 3, 17, 17)).astype(np.float32) * 2 for _ in range(2)]
+    graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform=platform)
+    on_grid = _recorded(monkeypatch, "moves_grid", executor_module,
+                        record=lambda arguments, result: (arguments[0].type, result))
+    x = rng.standard_normal((4, 3, 17, 17)).astype(np.float32) * 2
+    executor = NumpyExecutor(graph)
+    names = ["p1", "cat", "y"]
+    plain = executor.forward(x, output_names=names)
+    assert ("Concat", True) in on_grid
+    hooked = executor.forward(x, output_names=names, hooks=[OperationHook()])
+    for name, a, b in zip(names, plain, hooked):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_moves_grid_needs_one_per_tensor_grid_the_output_keeps():
+    """``fusion.moves_grid``: a Concat's result skips its output quantization only when every input lies
+    on one per-tensor grid (after its input config, or as its producer left it) that the output config,
+    rounding to nearest, keeps."""
+    from ppqlike.core.ir import Operation
+    from ppqlike.core.quant import (OperationQuantizationConfig, QuantizationProperty, QuantizationStates,
+                                    RoundingPolicy, TensorQuantizationConfig)
+    from ppqlike.executor.fusion import moves_grid
+    from ppqlike.executor.simulation import grid_key
+    per_tensor = QuantizationProperty.SYMMETRICAL | QuantizationProperty.LINEAR | QuantizationProperty.PER_TENSOR
+
+    def config(scale, rounding=RoundingPolicy.ROUND_HALF_EVEN, state=QuantizationStates.ACTIVATED):
+        return TensorQuantizationConfig(per_tensor, rounding=rounding, scale=scale, state=state)
+
+    def concat(inputs, output):
+        operation = Operation("cat", "Concat")
+        operation.config = OperationQuantizationConfig(inputs, [output])
+        return operation
+    on_half, on_third = grid_key(config(0.5)), grid_key(config(1 / 3))
+    passing = [config(0.5, state=QuantizationStates.FP32), config(0.5, state=QuantizationStates.FP32)]
+    assert moves_grid(concat([config(0.5), config(0.5)], config(0.5)), ("a", "b"), {})
+    assert moves_grid(concat(passing, config(0.5)), ("a", "b"), {"a": on_half, "b": on_half})
+    assert not moves_grid(concat(passing, config(0.5)), ("a", "b"), {"a": on_half, "b": on_third})
+    assert not moves_grid(concat(passing, config(0.5)), ("a", "b"), {"a": on_half})
+    assert not moves_grid(concat([config(0.5), config(1 / 3)], config(0.5)), ("a", "b"), {})
+    assert not moves_grid(concat([config(0.5), config(0.5)], config(1 / 3)), ("a", "b"), {})
+    assert not moves_grid(concat([config(0.5), config(0.5)], config(0.5, RoundingPolicy.ROUND_UP)), ("a", "b"), {})
+    add = concat([config(0.5), config(0.5)], config(0.5))
+    add.type = "Add"                             # arithmetic: its results are not its inputs' elements
+    assert not moves_grid(add, ("a", "b"), {})
+
+
 def test_codes_move_through_reshape_read_by_shape(tmp_path, monkeypatch):
     """A transformer's Reshape takes its target shape from a Shape of the value it reshapes: the Shape
     reads the codes' shape, the Reshape and Transpose move codes, the float inputs reach the integer

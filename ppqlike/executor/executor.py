@@ -28,7 +28,8 @@ import numpy as np
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activate_on_grid, activation_bounds,
-                     clip_epilogue, configs_let_fuse, fusable, grid_edges, quantizing_epilogue, run_on_codes)
+                     clip_epilogue, configs_let_fuse, fusable, grid_edges, moves_grid, quantizing_epilogue,
+                     run_on_codes)
 from .chains import output_grid, run_float_chain, run_integer_chain
 from .integer_codes import Codes, values_hold_codes, values_of
 from .memory import keep_freed_memory
@@ -240,6 +241,7 @@ class NumpyExecutor:
                     values[name] = value
                 release_values(step, values)
                 continue
+            on_output_grid = on_output_grid or (not hooks and moves_grid(operation, step.inputs, grids))
             results = quantize_outputs(operation, results, step.outputs, grids, on_output_grid,
                                        fresh_results(operation, results, arguments))
             if partner is not None and not fuses and not runtime \

@@ -19,7 +19,7 @@ from ..core.quant import is_applied
 from ..core.quant_graph import input_config, output_config, quantizes
 from .integer_codes import Codes
 from .onnxruntime_kernels import wants_runtime_kernel
-from .simulation import grid_key, keeps_grid, passes_through, quantize_inputs, quantize_outputs
+from .simulation import argument_grids, grid_key, keeps_grid, passes_through, quantize_inputs, quantize_outputs
 
 
 def activation_partners(order: list, keep: set) -> dict:
@@ -266,6 +266,20 @@ def clip_epilogue(bounds: tuple | None):
 #: select, move or compare values without arithmetic (a Pad's constant would need its own code); a Concat
 #: when its inputs share a grid.
 MOVES_CODES = (VALUE_PRESERVING_TYPES - {"Pad"}) | {"Concat"}
+
+def moves_grid(operation: Operation, names: tuple, grids: dict) -> bool:
+    """Whether the results of a ``MOVES_CODES`` op lie on its output configs' grids already: its data inputs
+    lie (after their input configs, ``argument_grids``) on one per-tensor grid that every output config
+    keeps.  Its results are elements of those inputs, so quantizing them again would change no bit (a
+    SqueezeNet Concat's output: 15 ms of a 158 ms batch)."""
+    config = operation.config
+    if config is None or operation.type not in MOVES_CODES:
+        return False
+    keys = argument_grids(operation, names if operation.type == "Concat" else names[:1], grids)
+    key = keys[0] if keys else None
+    return key is not None and key[-1] is None and all(k == key for k in keys) \
+        and all(keeps_grid(c, key) and c.requantization is None for c in config.output_quantization_config)
+
 
 #: Ops that read only their input's shape: they read codes as they are (a transformer's Reshape takes
 #: its target shape from a Shape of the very value it reshapes).
