@@ -103,3 +103,25 @@ def test_a_baked_value_is_a_constant_of_its_own():
     assert config.baked_value[0] == 0 and _prepared.is_constant(config.baked_value)
     config.baked_value = None
     assert config.baked_value is None
+
+
+def test_an_entry_dropped_with_the_arrays_of_another_entry():
+    """A kept result that is itself the key array of another entry (weight codes, then the GEMM matrix made
+    from them): when the first goes, the second goes with it, in the same collection, without waiting."""
+    import threading
+
+    def drop_both():
+        def kept():
+            return sorted(key[0] for key in _prepared._ENTRIES if key[0] in ("test codes", "test matrix"))
+        weight = _frozen(np.ones(8))
+        codes = _prepared.prepared(lambda: _frozen(weight * 2), ("test codes",), (weight,))
+        _prepared.prepared(lambda: _frozen(codes.reshape(2, 4).T.copy()), ("test matrix",), (codes,))
+        done.append(kept())
+        del codes, weight   # the codes live on in their entry: they go when it goes
+        gc.collect()
+        done.append(kept())
+    done = []
+    worker = threading.Thread(target=drop_both, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive() and done == [["test codes", "test matrix"], []]

@@ -111,16 +111,20 @@ class TensorQuantizationConfig(QuantGridBase):
             return self._scale, self._offset
         if len(masters) == 1:
             return masters[0]._resolve()
-        scales = [m._resolve()[0] for m in masters]
+        scales = tuple(m._resolve()[0] for m in masters)
         if any(s is None for s in scales):
             return None, None
+        made = getattr(self, "_product_of", None)   # (master scales, scale, offset): the masters' scales are
+        if made is not None and len(made[0]) == len(scales) and all(a is b for a, b in zip(made[0], scales)):
+            return made[1], made[2]                   # read-only arrays, replaced (never edited) when they change
         try:
             product = np.multiply.reduce(np.broadcast_arrays(*[s.astype(np.float64) for s in scales]))
         except ValueError:
             shapes = [s.shape for s in scales]
             raise QuantizationStateError(f"{self._who()}: master scales of shapes {shapes} do not combine") from None
         scale = readonly(np.asarray(product, dtype=np.float32))
-        return scale, readonly(np.zeros(scale.shape, dtype=np.int64))
+        self._product_of = (scales, scale, readonly(np.zeros(scale.shape, dtype=np.int64)))
+        return self._product_of[1:]
 
     # ------------------------------------------------------- scale and offset
     @property

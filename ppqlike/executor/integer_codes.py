@@ -17,6 +17,7 @@ import numpy as np
 from ..core.layout import dense, empty_like_dense, flat_view
 from ..core.numerics import along_channel_axis
 from ..core.quant import TensorQuantizationConfig
+from .ops._prepared import is_constant, prepared
 
 F32 = np.float32
 BLOCK = 1 << 15   # elements per block of the per-tensor paths
@@ -67,8 +68,22 @@ def per_tensor(config: TensorQuantizationConfig) -> bool:
     return np.size(config.scale) == 1
 
 
+def grid_facts(config: TensorQuantizationConfig) -> tuple:
+    """What a config's quantization and codes depend on, by content (a key of ``ops._prepared``)."""
+    scale, offset = np.asarray(config.scale), np.asarray(config.offset)
+    return (scale.dtype.str, scale.shape, scale.tobytes(), offset.tobytes(), config.quant_min, config.quant_max,
+            config.channel_axis, config.rounding, config.num_of_bits)
+
+
+def _frozen(array):
+    if isinstance(array, np.ndarray):
+        array.flags.writeable = False
+    return array
+
+
 def integer_codes(config: TensorQuantizationConfig, value, on_grid: bool = False) -> np.ndarray | None:
     """q - z of a value already on ``config``'s grid, as integer-valued floats; None if it is not on the grid.
+    A constant value's codes (a baked weight's) are made once and kept, read-only (``ops._prepared``).
 
     A value is on the grid when the op producing it quantized it; it is not when that op ran in
     float (the error analyses run one op quantized at a time), and then the float kernel runs.
@@ -82,6 +97,13 @@ def integer_codes(config: TensorQuantizationConfig, value, on_grid: bool = False
         if on_grid and value.codes() is not None:
             return value.codes()
         value = value.values()
+    if isinstance(value, np.ndarray) and is_constant(value):
+        return prepared(lambda: _frozen(_integer_codes(config, value, on_grid)),
+                        ("integer codes", on_grid) + grid_facts(config), (value,))
+    return _integer_codes(config, value, on_grid)
+
+
+def _integer_codes(config: TensorQuantizationConfig, value, on_grid: bool) -> np.ndarray | None:
     value = np.asarray(value)
     dtype = F32 if value.dtype == F32 else np.float64
     scale = along_channel_axis(np.asarray(config.scale, dtype), value.ndim, value.shape, config.channel_axis)
@@ -105,6 +127,13 @@ def bias_codes(config: TensorQuantizationConfig, value, original) -> np.ndarray 
     2^24 do not survive a float32 value: a saturated code 2^31 - 1 would come back as 2^31), else
     ``integer_codes`` of ``value``."""
     value = np.asarray(value)
+    if is_constant(value) and (original is None or is_constant(original)):
+        return prepared(lambda: _frozen(_bias_codes(config, value, original)), ("bias codes",) + grid_facts(config),
+                        (value, original))
+    return _bias_codes(config, value, original)
+
+
+def _bias_codes(config: TensorQuantizationConfig, value: np.ndarray, original) -> np.ndarray | None:
     if original is not None and np.shape(original) == value.shape:
         codes = config.quantize(np.asarray(original))
         if np.array_equal(config.dequantize(codes), value):

@@ -26,10 +26,11 @@ import numpy as np
 from ..core.ir import Operation
 from ..core.quant import TensorQuantizationConfig
 from ..core.quant_graph import input_config
-from .integer_codes import Codes, bias_codes, code_bound, integer_codes, largest_magnitude, per_tensor
+from .integer_codes import Codes, bias_codes, code_bound, grid_facts, integer_codes, largest_magnitude, per_tensor
 from .onnxruntime_kernels import (EXACT_F32, activation_fused, applied_root, channel_multiplier, clamp_codes,
                                   integer_configs, parameter_value, product_bounds, split_bias, wrap_int32)
 from .ops._conv_channels_last import expand_then_depthwise
+from .ops._prepared import is_constant, prepared
 from .simulation import grid_key
 
 _F32 = np.float32
@@ -65,29 +66,46 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
     if edges is None and activation_fused(operation):
         return None   # its activation is not folded into the clamp
     weight = integer_codes(configs[1], arguments[1])
-    bias = None
-    if len(arguments) > 2 and arguments[2] is not None:
-        if len(configs) < 3 or configs[2] is None:
-            return None
-        bias = bias_codes(configs[2], arguments[2], parameter_value(operation, 2))
-        if bias is None:
-            return None
     if weight is None or weight.dtype != _F32 or np.size(configs[1].scale) not in (1, weight.shape[0]):
         return None
     bounds = product_bounds(operation, weight, code_bound(configs[0]))   # per output channel
-    products = float(np.max(bounds, initial=0.0))
-    high, wide = None, np.zeros(0, np.int64)
-    if bias is not None:
-        bias = bias.reshape(-1)
-        if products + largest_magnitude(bias) >= EXACT_F32:   # "bias apart": l in the GEMM/einsum, h after
-            if products + 2.0 ** 8 >= EXACT_F32:
-                return None
-            bias, high, wide = split_bias(bias, bounds)
+    bias, high, wide = None, None, np.zeros(0, np.int64)
+    if len(arguments) > 2 and arguments[2] is not None:
+        if len(configs) < 3 or configs[2] is None:
+            return None
+        value, original = arguments[2], parameter_value(operation, 2)
+        if is_constant(value) and is_constant(original):
+            parts = prepared(lambda: _bias_parts(configs[2], value, original, bounds),
+                             ("chain bias",) + grid_facts(configs[2]), (value, original, bounds))
+        else:
+            parts = _bias_parts(configs[2], value, original, bounds)
+        if parts is None:
+            return None
+        bias, high, wide = parts
     multiplier = channel_multiplier(configs[0].scale, configs[1].scale, output.scale)
     multiplier = np.broadcast_to(multiplier, (weight.shape[0],)).astype(_F32)
     low, high_code = clamp_codes(output, edges)
-    return ConvCodes(weight, None if bias is None else bias.astype(_F32, copy=False), high, wide, multiplier, low,
-                     high_code, output)
+    return ConvCodes(weight, bias, high, wide, multiplier, low, high_code, output)
+
+
+def _bias_parts(config: TensorQuantizationConfig, value, original, bounds: np.ndarray) -> tuple | None:
+    """(float32 bias codes the products are summed with, the part added after them or None, the channels
+    whose int32 sum may wrap) of a chained conv's bias, or None when it cannot be summed exactly."""
+    bias = bias_codes(config, value, original)
+    if bias is None:
+        return None
+    bias = bias.reshape(-1)
+    products = float(np.max(bounds, initial=0.0))
+    if products + largest_magnitude(bias) < EXACT_F32:
+        parts = bias.astype(_F32), None, np.zeros(0, np.int64)
+    elif products + 2.0 ** 8 >= EXACT_F32:   # "bias apart": l in the GEMM/einsum, h after
+        return None
+    else:
+        parts = split_bias(bias, bounds)
+    for part in parts:
+        if part is not None:
+            part.flags.writeable = False   # kept across forwards (and so are the kernels' forms of them)
+    return parts
 
 
 def requantize_block(codes: ConvCodes, width: int):

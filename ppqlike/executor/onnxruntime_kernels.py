@@ -57,6 +57,7 @@ from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
 from .integer_codes import (Codes, bias_codes, channel_chunks, code_bound, integer_codes, largest_magnitude,
                             per_tensor, zero_point)
 from .onnxruntime_elementwise import qlinear_add_kernel, qlinear_mul_kernel
+from .ops._prepared import is_constant, prepared
 from .ops._threads import parallel_over
 from .simulation import grid_key
 
@@ -93,7 +94,21 @@ INT32 = 2.0 ** 31
 
 def product_bounds(operation: Operation, weight: np.ndarray, largest_input: float) -> np.ndarray:
     """Per output channel, a bound on every partial sum of its products: ``largest_input`` * sum |w| over
-    the channel's weights (one inf for a Gemm with transA, not bounded here)."""
+    the channel's weights (one inf for a Gemm with transA, not bounded here).  Kept for constant weight codes
+    (``ops._prepared``)."""
+    if is_constant(weight):
+        key = ("product bounds", operation.type, operation.attributes.get("transA", 0),
+               operation.attributes.get("transB", 0), float(largest_input))
+        return prepared(lambda: _read_only(_product_bounds(operation, weight, largest_input)), key, (weight,))
+    return _product_bounds(operation, weight, largest_input)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+def _product_bounds(operation: Operation, weight: np.ndarray, largest_input: float) -> np.ndarray:
     if operation.type == "Gemm" and operation.attributes.get("transA", 0):
         return np.array([np.inf])
     if operation.type == "Conv":

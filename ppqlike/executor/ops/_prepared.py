@@ -17,7 +17,6 @@ place and is never cached.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import Callable, TypeVar
 
@@ -26,7 +25,6 @@ import numpy as np
 T = TypeVar("T")
 
 _ENTRIES: dict[tuple, tuple[tuple, object]] = {}
-_LOCK = threading.Lock()
 
 
 def is_constant(value: np.ndarray | None) -> bool:
@@ -51,11 +49,9 @@ def prepared(make: Callable[[], T], key: tuple, arrays: tuple) -> T:
         return entry[1]
     result = make()
 
-    def forget(_, full_key=full_key):
-        with _LOCK:
-            _ENTRIES.pop(full_key, None)
+    def forget(_, full_key=full_key, entries=_ENTRIES):   # (the module's globals may be gone at exit)
+        entries.pop(full_key, None)   # no lock: a collection inside a locked section would call this and wait
 
     references = tuple(None if array is None else weakref.ref(array, forget) for array in arrays)
-    with _LOCK:
-        _ENTRIES[full_key] = (references, result)
+    _ENTRIES[full_key] = (references, result)   # single dict operations are atomic: threads need no lock
     return result
