@@ -125,3 +125,12 @@ def test_an_entry_dropped_with_the_arrays_of_another_entry():
     worker.start()
     worker.join(timeout=20)
     assert not worker.is_alive() and done == [["test codes", "test matrix"], []]
+
+
+def test_the_oldest_entries_go_past_the_bound(monkeypatch):
+    monkeypatch.setattr(_prepared, "MAX_ENTRIES", len(_prepared._ENTRIES) + 3)
+    arrays = [_frozen(np.full(2, index)) for index in range(5)]
+    for index, array in enumerate(arrays):
+        _prepared.prepared(lambda index=index: index, ("bounded",), (array,))
+    kept = [key for key in _prepared._ENTRIES if key[0] == "bounded"]
+    assert len(kept) == 3 and kept == [("bounded", id(array)) for array in arrays[2:]]

@@ -2,17 +2,19 @@
 
 Some kernels lay a weight out anew on every call: a 1x1 convolution's GEMM
 matrix (transposed, the bias as an extra row), a depthwise convolution's
-per-column tap weights.  On a forward that is a few milliseconds of serial
-work (MobileNetV2, batch 16: about 5 ms in 150), repeated for every batch
-although the weights do not change.
+per-column tap weights, an integer kernel's weight and bias codes.  On a
+forward that is milliseconds of serial work (MobileNetV2, batch 16: about
+5 ms in 150 in FP32, 18 ms more for onnxruntime's integer kernels), repeated
+for every batch although the weights do not change.
 
 ``prepared(make, key, arrays)`` returns ``make()``, computed once for the
 ``key`` and the very ``arrays`` objects and then reused while they all live
-(weak references: the entry goes when one of them is collected).  Only
-read-only arrays whose memory nothing writeable owns are taken as constant
-(a graph's parameters are so: loaded read-only from the model's bytes); a
-writeable array, or a read-only view of writeable memory, may change in
-place and is never cached.
+(weak references: the entry goes when one of them is collected; past
+``MAX_ENTRIES`` entries the oldest go).  Only read-only arrays whose memory
+nothing writeable owns are taken as constant (a graph's parameters are so:
+loaded read-only from the model's bytes; so are baked values); a writeable
+array, or a read-only view of writeable memory, may change in place and is
+never cached.  Results are shared: they are made read-only or never written.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 T = TypeVar("T")
 
 _ENTRIES: dict[tuple, tuple[tuple, object]] = {}
+MAX_ENTRIES = 4096   # past this many, the oldest entry goes (inputs of ever new shapes, grids tried by a search)
 
 
 def is_constant(value: np.ndarray | None) -> bool:
@@ -54,4 +57,9 @@ def prepared(make: Callable[[], T], key: tuple, arrays: tuple) -> T:
 
     references = tuple(None if array is None else weakref.ref(array, forget) for array in arrays)
     _ENTRIES[full_key] = (references, result)   # single dict operations are atomic: threads need no lock
+    while len(_ENTRIES) > MAX_ENTRIES:
+        try:
+            _ENTRIES.pop(next(iter(_ENTRIES)), None)
+        except (StopIteration, RuntimeError):   # emptied, or changed by another thread meanwhile
+            break
     return result
