@@ -128,7 +128,8 @@ def test_an_entry_dropped_with_the_arrays_of_another_entry():
 
 
 def test_the_oldest_entries_go_past_the_bound(monkeypatch):
-    monkeypatch.setattr(_prepared, "MAX_ENTRIES", len(_prepared._ENTRIES) + 3)
+    monkeypatch.setattr(_prepared, "_ENTRIES", {})
+    monkeypatch.setattr(_prepared, "MAX_ENTRIES", 3)
     arrays = [_frozen(np.full(2, index)) for index in range(5)]
     for index, array in enumerate(arrays):
         _prepared.prepared(lambda index=index: index, ("bounded",), (array,))

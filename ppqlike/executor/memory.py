@@ -28,23 +28,26 @@ TRIM_THRESHOLD = 1 << 30    # bytes of free heap top kept instead of returned to
 MMAP_THRESHOLD = 256 << 20  # allocations from this size get a mapping of their own (freed at once)
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters
-_DONE = False
+_DECIDED: bool | None = None   # set, or left alone, for this process
 _LOCK = threading.Lock()
 
 
 def keep_freed_memory() -> bool:
     """Set glibc's trim and mmap thresholds (once per process); True when they are set (now or before)."""
-    global _DONE
+    global _DECIDED
     with _LOCK:
-        if _DONE:
-            return True
-        if os.environ.get("PPQLIKE_KEEP_FREED_MEMORY", "1").strip() == "0" or platform.libc_ver()[0] != "glibc":
-            return False
-        try:
-            mallopt = ctypes.CDLL(None).mallopt
-        except (OSError, AttributeError):
-            return False
-        mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-        # both together: setting either one alone turns off glibc's self-adjusting mmap threshold
-        _DONE = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-        return _DONE
+        if _DECIDED is None:
+            _DECIDED = _set_thresholds()
+        return _DECIDED
+
+
+def _set_thresholds() -> bool:
+    if os.environ.get("PPQLIKE_KEEP_FREED_MEMORY", "1").strip() == "0" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    # both together: setting either one alone turns off glibc's self-adjusting mmap threshold
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))

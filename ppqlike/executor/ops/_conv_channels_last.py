@@ -290,7 +290,8 @@ class _TapGroups:
         of output rows (r0, r1, [(taps view, spread weights) per group])."""
         margin, row, line, itemsize = self.margin, self.row, self.line, np.dtype(self.dtype).itemsize
         sh, sw = self.strides
-        buffer = np.zeros(margin + self.h * line + margin, self.dtype)
+        buffer = np.empty(margin + self.h * line + margin, self.dtype)
+        buffer[:margin] = buffer[margin + self.h * line:] = 0   # the rows between: every ``fill`` writes them
         blocks = []
         for r0 in range(0, self.ho, self.step):
             r1 = min(self.ho, r0 + self.step)
