@@ -75,15 +75,8 @@ def grid_facts(config: TensorQuantizationConfig) -> tuple:
             config.channel_axis, config.rounding, config.num_of_bits)
 
 
-def _frozen(array):
-    if isinstance(array, np.ndarray):
-        array.flags.writeable = False
-    return array
-
-
 def integer_codes(config: TensorQuantizationConfig, value, on_grid: bool = False) -> np.ndarray | None:
     """q - z of a value already on ``config``'s grid, as integer-valued floats; None if it is not on the grid.
-    A constant value's codes (a baked weight's) are made once and kept, read-only (``ops._prepared``).
 
     A value is on the grid when the op producing it quantized it; it is not when that op ran in
     float (the error analyses run one op quantized at a time), and then the float kernel runs.
@@ -98,7 +91,7 @@ def integer_codes(config: TensorQuantizationConfig, value, on_grid: bool = False
             return value.codes()
         value = value.values()
     if isinstance(value, np.ndarray) and is_constant(value):
-        return prepared(lambda: _frozen(_integer_codes(config, value, on_grid)),
+        return prepared(lambda: _integer_codes(config, value, on_grid),
                         ("integer codes", on_grid) + grid_facts(config), (value,))
     return _integer_codes(config, value, on_grid)
 
@@ -128,7 +121,7 @@ def bias_codes(config: TensorQuantizationConfig, value, original) -> np.ndarray 
     ``integer_codes`` of ``value``."""
     value = np.asarray(value)
     if is_constant(value) and (original is None or is_constant(original)):
-        return prepared(lambda: _frozen(_bias_codes(config, value, original)), ("bias codes",) + grid_facts(config),
+        return prepared(lambda: _bias_codes(config, value, original), ("bias codes",) + grid_facts(config),
                         (value, original))
     return _bias_codes(config, value, original)
 

@@ -97,15 +97,10 @@ def _bias_parts(config: TensorQuantizationConfig, value, original, bounds: np.nd
     bias = bias.reshape(-1)
     products = float(np.max(bounds, initial=0.0))
     if products + largest_magnitude(bias) < EXACT_F32:
-        parts = bias.astype(_F32), None, np.zeros(0, np.int64)
-    elif products + 2.0 ** 8 >= EXACT_F32:   # "bias apart": l in the GEMM/einsum, h after
+        return bias.astype(_F32), None, np.zeros(0, np.int64)
+    if products + 2.0 ** 8 >= EXACT_F32:   # "bias apart": l in the GEMM/einsum, h after
         return None
-    else:
-        parts = split_bias(bias, bounds)
-    for part in parts:
-        if part is not None:
-            part.flags.writeable = False   # kept across forwards (and so are the kernels' forms of them)
-    return parts
+    return split_bias(bias, bounds)
 
 
 def requantize_block(codes: ConvCodes, width: int):

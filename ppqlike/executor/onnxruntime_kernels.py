@@ -99,13 +99,8 @@ def product_bounds(operation: Operation, weight: np.ndarray, largest_input: floa
     if is_constant(weight):
         key = ("product bounds", operation.type, operation.attributes.get("transA", 0),
                operation.attributes.get("transB", 0), float(largest_input))
-        return prepared(lambda: _read_only(_product_bounds(operation, weight, largest_input)), key, (weight,))
+        return prepared(lambda: _product_bounds(operation, weight, largest_input), key, (weight,))
     return _product_bounds(operation, weight, largest_input)
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
 
 
 def _product_bounds(operation: Operation, weight: np.ndarray, largest_input: float) -> np.ndarray:

@@ -92,13 +92,12 @@ def pointwise(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dtype, epilogu
 
 def _gemm_weight(w: np.ndarray, b: np.ndarray | None, dtype) -> np.ndarray:
     """The GEMM matrix of a 1x1 convolution: ``w`` [Co,Ci,1,1] as [Ci, Co], ``b`` (when given) an extra last
-    row, read-only."""
+    row."""
     co, ci = w.shape[:2]
     weight = np.empty((ci + (b is not None), co), dtype)
     weight[:ci] = w.reshape(co, ci).T
     if b is not None:
         weight[ci] = b
-    weight.flags.writeable = False
     return weight
 
 

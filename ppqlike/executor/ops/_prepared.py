@@ -14,7 +14,7 @@ for every batch although the weights do not change.
 nothing writeable owns are taken as constant (a graph's parameters are so:
 loaded read-only from the model's bytes; so are baked values); a writeable
 array, or a read-only view of writeable memory, may change in place and is
-never cached.  Results are shared: they are made read-only or never written.
+never cached.  Results are shared: arrays among them are made read-only.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def prepared(make: Callable[[], T], key: tuple, arrays: tuple) -> T:
     if entry is not None and all(ref is None if array is None else ref() is array
                                  for ref, array in zip(entry[0], arrays)):
         return entry[1]
-    result = make()
+    result = _read_only(make())
 
     def forget(_, full_key=full_key, entries=_ENTRIES):   # (the module's globals may be gone at exit)
         entries.pop(full_key, None)   # no lock: a collection inside a locked section would call this and wait
@@ -62,4 +62,12 @@ def prepared(make: Callable[[], T], key: tuple, arrays: tuple) -> T:
             _ENTRIES.pop(next(iter(_ENTRIES)), None)
         except (StopIteration, RuntimeError):   # emptied, or changed by another thread meanwhile
             break
+    return result
+
+
+def _read_only(result):
+    """``result`` with its arrays (itself, or the members of a tuple) made read-only: a kept result is shared."""
+    for array in result if isinstance(result, tuple) else (result,):
+        if isinstance(array, np.ndarray):
+            array.flags.writeable = False
     return result
