@@ -49,5 +49,8 @@ def _set_thresholds() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    # both together: setting either one alone turns off glibc's self-adjusting mmap threshold
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    # both together: setting either one alone turns off glibc's self-adjusting mmap threshold.  Some glibc
+    # versions refuse an mmap threshold above half their heap size (32 MiB on 64-bit machines): then that.
+    if not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) or mallopt(_M_MMAP_THRESHOLD, 32 << 20)):
+        return False
+    return bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
