@@ -267,6 +267,13 @@ def clip_epilogue(bounds: tuple | None):
 #: when its inputs share a grid.
 MOVES_CODES = (VALUE_PRESERVING_TYPES - {"Pad"}) | {"Concat"}
 
+
+def _data_inputs(operation: Operation, names: tuple) -> tuple:
+    """The input names of a ``MOVES_CODES`` op whose elements its results hold: all of a Concat's, else the
+    first (the others are shapes, indices, axes)."""
+    return names if operation.type == "Concat" else names[:1]
+
+
 def moves_grid(operation: Operation, names: tuple, grids: dict) -> bool:
     """Whether the results of a ``MOVES_CODES`` op lie on its output configs' grids already: its data inputs
     lie (after their input configs, ``argument_grids``) on one per-tensor grid that every output config
@@ -275,10 +282,11 @@ def moves_grid(operation: Operation, names: tuple, grids: dict) -> bool:
     config = operation.config
     if config is None or operation.type not in MOVES_CODES:
         return False
-    keys = argument_grids(operation, names if operation.type == "Concat" else names[:1], grids)
+    keys = argument_grids(operation, _data_inputs(operation, names), grids)
     key = keys[0] if keys else None
-    return key is not None and key[-1] is None and all(k == key for k in keys) \
-        and all(keeps_grid(c, key) and c.requantization is None for c in config.output_quantization_config)
+    return key is not None and all(k == key for k in keys) \
+        and all(keeps_grid(c, key) and np.ndim(c.scale) == 0 and c.requantization is None
+                for c in config.output_quantization_config)
 
 
 #: Ops that read only their input's shape: they read codes as they are (a transformer's Reshape takes
@@ -291,7 +299,7 @@ def run_on_codes(operation: Operation, kernel, names: tuple, values: dict, grids
     which its configs leave as they are), as ``Codes`` on that grid; None when that does not apply.
     ``names``: the op's input names; ``values``: the executor's values (read only); ``argument(name)``:
     the value of another input."""
-    data = names if operation.type == "Concat" else names[:1]
+    data = _data_inputs(operation, names)
     held = [values.get(name) for name in data]
     key = grids.get(data[0])
     if key is None or not all(isinstance(h, Codes) and h.codes() is not None and grids.get(n) == key

@@ -17,7 +17,7 @@ import numpy as np
 from ..core.layout import dense, empty_like_dense, flat_view
 from ..core.numerics import along_channel_axis
 from ..core.quant import TensorQuantizationConfig
-from .ops._prepared import is_constant, prepared
+from .ops._prepared import prepared
 
 F32 = np.float32
 BLOCK = 1 << 15   # elements per block of the per-tensor paths
@@ -90,10 +90,10 @@ def integer_codes(config: TensorQuantizationConfig, value, on_grid: bool = False
         if on_grid and value.codes() is not None:
             return value.codes()
         value = value.values()
-    if isinstance(value, np.ndarray) and is_constant(value):
-        return prepared(lambda: _integer_codes(config, value, on_grid),
-                        ("integer codes", on_grid) + grid_facts(config), (value,))
-    return _integer_codes(config, value, on_grid)
+    if not isinstance(value, np.ndarray):
+        return _integer_codes(config, value, on_grid)
+    return prepared(lambda: _integer_codes(config, value, on_grid),
+                    lambda: ("integer codes", on_grid) + grid_facts(config), (value,))
 
 
 def _integer_codes(config: TensorQuantizationConfig, value, on_grid: bool) -> np.ndarray | None:
@@ -120,10 +120,8 @@ def bias_codes(config: TensorQuantizationConfig, value, original) -> np.ndarray 
     2^24 do not survive a float32 value: a saturated code 2^31 - 1 would come back as 2^31), else
     ``integer_codes`` of ``value``."""
     value = np.asarray(value)
-    if is_constant(value) and (original is None or is_constant(original)):
-        return prepared(lambda: _bias_codes(config, value, original), ("bias codes",) + grid_facts(config),
-                        (value, original))
-    return _bias_codes(config, value, original)
+    return prepared(lambda: _bias_codes(config, value, original), lambda: ("bias codes",) + grid_facts(config),
+                    (value, original))
 
 
 def _bias_codes(config: TensorQuantizationConfig, value: np.ndarray, original) -> np.ndarray | None:

@@ -30,7 +30,7 @@ from .integer_codes import Codes, bias_codes, code_bound, grid_facts, integer_co
 from .onnxruntime_kernels import (EXACT_F32, activation_fused, applied_root, channel_multiplier, clamp_codes,
                                   integer_configs, parameter_value, product_bounds, split_bias, wrap_int32)
 from .ops._conv_channels_last import expand_then_depthwise
-from .ops._prepared import is_constant, prepared
+from .ops._prepared import prepared
 from .simulation import grid_key
 
 _F32 = np.float32
@@ -74,11 +74,8 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
         if len(configs) < 3 or configs[2] is None:
             return None
         value, original = arguments[2], parameter_value(operation, 2)
-        if is_constant(value) and is_constant(original):
-            parts = prepared(lambda: _bias_parts(configs[2], value, original, bounds),
-                             ("chain bias",) + grid_facts(configs[2]), (value, original, bounds))
-        else:
-            parts = _bias_parts(configs[2], value, original, bounds)
+        parts = prepared(lambda: _bias_parts(configs[2], value, original, bounds),
+                         lambda: ("chain bias",) + grid_facts(configs[2]), (value, original, bounds))
         if parts is None:
             return None
         bias, high, wide = parts

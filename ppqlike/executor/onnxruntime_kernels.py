@@ -57,7 +57,7 @@ from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
 from .integer_codes import (Codes, bias_codes, channel_chunks, code_bound, integer_codes, largest_magnitude,
                             per_tensor, zero_point)
 from .onnxruntime_elementwise import qlinear_add_kernel, qlinear_mul_kernel
-from .ops._prepared import is_constant, prepared
+from .ops._prepared import prepared
 from .ops._threads import parallel_over
 from .simulation import grid_key
 
@@ -96,11 +96,9 @@ def product_bounds(operation: Operation, weight: np.ndarray, largest_input: floa
     """Per output channel, a bound on every partial sum of its products: ``largest_input`` * sum |w| over
     the channel's weights (one inf for a Gemm with transA, not bounded here).  Kept for constant weight codes
     (``ops._prepared``)."""
-    if is_constant(weight):
-        key = ("product bounds", operation.type, operation.attributes.get("transA", 0),
-               operation.attributes.get("transB", 0), float(largest_input))
-        return prepared(lambda: _product_bounds(operation, weight, largest_input), key, (weight,))
-    return _product_bounds(operation, weight, largest_input)
+    key = ("product bounds", operation.type, operation.attributes.get("transA", 0),
+           operation.attributes.get("transB", 0), float(largest_input))
+    return prepared(lambda: _product_bounds(operation, weight, largest_input), key, (weight,))
 
 
 def _product_bounds(operation: Operation, weight: np.ndarray, largest_input: float) -> np.ndarray:

@@ -40,12 +40,13 @@ def is_constant(value: np.ndarray | None) -> bool:
     return value is None or isinstance(value, bytes)
 
 
-def prepared(make: Callable[[], T], key: tuple, arrays: tuple) -> T:
+def prepared(make: Callable[[], T], key: tuple | Callable[[], tuple], arrays: tuple) -> T:
     """``make()``, cached for ``key`` and the identities of ``arrays`` (ndarrays or None) while they live;
-    computed afresh (and not kept) when one of them could change in place."""
+    computed afresh (and not kept) when one of them could change in place.  ``key`` may be a function
+    giving it, called only then (a key read from a config's scale costs more than a plain call)."""
     if not all(is_constant(array) for array in arrays):
         return make()
-    full_key = key + tuple(id(array) for array in arrays)
+    full_key = (key() if callable(key) else key) + tuple(id(array) for array in arrays)
     entry = _ENTRIES.get(full_key)
     if entry is not None and all(ref is None if array is None else ref() is array
                                  for ref, array in zip(entry[0], arrays)):
