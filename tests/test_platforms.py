@@ -106,8 +106,10 @@ def test_tpu_requantization_is_integer_and_matches_the_formula():
 
 def test_tpu_activations_clip_the_requantized_outputs_in_place(monkeypatch):
     """Each Relu/Clip after a requantized Conv (TPU: the Conv's output config requantizes, the activation's
-    quantizes to the same grid) runs as one clip of the requantized result to the grid edges
-    (``fusion.activate_on_grid``); the activations' outputs equal the ops run one by one (a hook) bit for bit."""
+    quantizes to the same grid) is one clamp to the grid edges: inside the integer kernel's requantization
+    (``requantizing_kernels``, the default), or, with the float kernels (``runtime_kernels=False``), one
+    clip of the requantized result in place (``fusion.activate_on_grid``).  Both equal the ops run one by
+    one (a hook) bit for bit."""
     from ppqlike.executor import OperationHook
     from ppqlike.executor import executor as executor_module
     graph, batches = quantized("TPU_INT8", observer="minmax")
@@ -119,14 +121,16 @@ def test_tpu_activations_clip_the_requantized_outputs_in_place(monkeypatch):
         calls.append((activation.name, result is not None))
         return result
     monkeypatch.setattr(executor_module, "activate_on_grid", spy)
-    executor = ppqlike.NumpyExecutor(graph)
     names = ["r1", "r2", "r3", "y"]
     x = batches[0] * 3
-    plain = executor.forward(x, output_names=names)
+    plain = ppqlike.NumpyExecutor(graph).forward(x, output_names=names)
+    assert calls == []   # clamped inside the integer kernels
+    in_float = ppqlike.NumpyExecutor(graph, runtime_kernels=False).forward(x, output_names=names)
     assert sorted(calls) == [("clip3", True), ("relu1", True), ("relu2", True)]
-    hooked = executor.forward(x, output_names=names, hooks=[OperationHook()])
-    for got, want in zip(plain, hooked):
+    hooked = ppqlike.NumpyExecutor(graph).forward(x, output_names=names, hooks=[OperationHook()])
+    for got, floated, want in zip(plain, in_float, hooked):
         np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(floated, want)
     assert plain[0].min() == 0 and (hooked[0] == 0).mean() > 0.2   # the Relu did clip
 
 

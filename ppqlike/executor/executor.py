@@ -29,11 +29,12 @@ from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
 from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activate_on_grid, activation_bounds,
                      clip_epilogue, configs_let_fuse, fusable, grid_edges, moves_grid, quantizing_epilogue,
-                     run_on_codes)
+                     requantizes_onto, run_on_codes)
 from .chains import output_grid, run_float_chain, run_integer_chain
 from .integer_codes import Codes, values_hold_codes, values_of
 from .memory import keep_freed_memory
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
+from .requantizing_kernels import run_requantizing_kernel, wants_integer_kernel
 from .ops import Kernel, build_kernel
 from .ops.tensor import zero_spatial_pads
 from .plan import Plan, Step, build_plan, release_values
@@ -186,7 +187,7 @@ class NumpyExecutor:
                         values[name], grids[name] = value, grids[step.inputs[0]]
                     release_values(step, values)
                     continue
-            runtime = self.runtime_kernels and wants_runtime_kernel(operation)
+            runtime = self.runtime_kernels and wants_integer_kernel(operation)
             arguments = self._arguments(step, values, grids, keep_codes=runtime and not hooks)
             if index in plan.pad_folds and not hooks:
                 extra = zero_spatial_pads(arguments)
@@ -305,7 +306,8 @@ class NumpyExecutor:
         result - the activation's clip, and without hooks the output quantization (``quantizing_epilogue``)
         -, the grid edges an integer kernel clamps to, and (the grid key,) when the epilogue quantizes)."""
         operation = step.operation
-        fuses = partner is not None and configs_let_fuse(operation, plan.steps[partner].operation)
+        fuses = partner is not None and (configs_let_fuse(operation, plan.steps[partner].operation) or (
+            runtime and requantizes_onto(operation, plan.steps[partner].operation)))
         bounds = clip = edges = inside = None
         takes_epilogue = getattr(step.kernel, "takes_epilogue", False)
         if fuses:
@@ -387,8 +389,9 @@ class NumpyExecutor:
         a fused activation's clip; ``extra_pads``: the padding a folded Pad left to this Conv; ``edges``:
         a fused activation's (``fusion.grid_edges``) the integer kernel clamps to; ``as_codes``: its
         results may be ``Codes``.  ``Codes`` among the arguments are read by the integer kernel only."""
-        if self.runtime_kernels and wants_runtime_kernel(operation):
-            results = run_runtime_kernel(operation, kernel, arguments, argument_grids, edges, as_codes)
+        if self.runtime_kernels and wants_integer_kernel(operation):
+            run = run_runtime_kernel if wants_runtime_kernel(operation) else run_requantizing_kernel
+            results = run(operation, kernel, arguments, argument_grids, edges, as_codes)
             if results is not None:
                 return results, True
             arguments = [values_of(value) for value in arguments]

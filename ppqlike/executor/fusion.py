@@ -16,10 +16,11 @@ import numpy as np
 from ..core.ir import Operation
 from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS, VALUE_PRESERVING_TYPES
 from ..core.quant import is_applied
-from ..core.quant_graph import input_config, output_config, quantizes
+from ..core.quant_graph import input_config, output_config, overlapped_root, quantizes
 from .integer_codes import Codes
-from .onnxruntime_kernels import wants_runtime_kernel
-from .simulation import argument_grids, grid_key, keeps_grid, passes_through, quantize_inputs, quantize_outputs
+from .requantizing_kernels import wants_integer_kernel, wants_requantizing_kernel
+from .simulation import (argument_grids, grid_key, keeps_grid, passes_through, quantize_inputs, quantize_outputs,
+                         requantized_grid)
 
 
 def activation_partners(order: list, keep: set) -> dict:
@@ -47,7 +48,7 @@ def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = fro
     position = {op.name: i for i, op in enumerate(order)}
     chains = {}
     for index, first in enumerate(order):
-        integer = wants_runtime_kernel(first)
+        integer = wants_integer_kernel(first)
         weight = _pointwise_weight(first, integer)
         if weight is None:
             continue
@@ -87,7 +88,7 @@ def chain_projections(order: list, keep: set, chains: dict, partners: dict) -> d
         if result.name in keep or len(readers) != 1 or readers[0].name not in position:
             continue
         third = readers[0]
-        if _pointwise_weight(third, wants_runtime_kernel(order[index])) is None or third.inputs[0] is not result \
+        if _pointwise_weight(third, wants_integer_kernel(order[index])) is None or third.inputs[0] is not result \
                 or any(v is result for v in third.inputs[1:]):
             continue
         projections[index] = (position[third.name], partners.get(position[third.name]))
@@ -107,7 +108,7 @@ def _pointwise_weight(operation: Operation, integer: bool = False):
 def _conv_weight(operation: Operation, integer: bool = False):
     """The 4-D weight of a 2-D Conv with explicit pads and parameter weight and bias, marked for
     onnxruntime's integer kernels or not as ``integer`` says, or None."""
-    if operation.type != "Conv" or wants_runtime_kernel(operation) != integer or len(operation.outputs) != 1 \
+    if operation.type != "Conv" or wants_integer_kernel(operation) != integer or len(operation.outputs) != 1 \
             or operation.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") \
             or len(operation.inputs) < 2 or operation.inputs[1] is None or not operation.inputs[1].is_parameter:
         return None
@@ -146,6 +147,15 @@ def configs_let_fuse(producer: Operation, activation: Operation) -> bool:
     OVERLAPPED output config carrying an integer requantization does quantize: ``quantizes``)."""
     output = output_config(producer)
     return passes_through(output) and not quantizes(output, "output") and passes_through(input_config(activation, 0))
+
+
+def requantizes_onto(producer: Operation, activation: Operation) -> bool:
+    """Whether ``producer``'s integer requantization puts its result on the grid of the config that quantizes
+    its Relu/Clip ``activation``'s input (their roots agree), nothing between: the requantizing kernel may
+    then clamp to the activation's ``grid_edges`` and do both."""
+    output = output_config(producer)
+    return wants_requantizing_kernel(producer) and passes_through(input_config(activation, 0)) \
+        and requantized_grid(output) is not None and requantized_grid(output) == grid_key(overlapped_root(output))
 
 
 def fusable(producer: Operation, activation: Operation, value) -> bool:

@@ -25,13 +25,15 @@ import numpy as np
 
 from ..core.ir import Operation
 from ..core.quant import TensorQuantizationConfig
-from ..core.quant_graph import input_config
+from ..core.quant_graph import input_config, overlapped_root
 from .integer_codes import Codes, bias_codes, code_bound, grid_facts, integer_codes, largest_magnitude, per_tensor
 from .onnxruntime_kernels import (EXACT_F32, activation_fused, applied_root, channel_multiplier, clamp_codes,
                                   integer_configs, parameter_value, product_bounds, split_bias, wrap_int32)
 from .ops._conv_channels_last import expand_then_depthwise
 from .ops._prepared import prepared
-from .simulation import grid_key
+from .requantizing_kernels import (Requantize, parameter_codes, requantization_of, requantizing_configs,
+                                   wants_requantizing_kernel)
+from .simulation import grid_key, requantized_grid
 
 _F32 = np.float32
 
@@ -46,16 +48,19 @@ class ConvCodes:
     bias: np.ndarray | None
     bias_high: np.ndarray | None
     wide: np.ndarray   # channels whose int32 sum may wrap around (then formed in float64 and wrapped)
-    multiplier: np.ndarray
+    multiplier: np.ndarray | None
     low: float
     high: float
     output: TensorQuantizationConfig
+    requantize: Requantize | None = None   # an integer requantization (multiplier and shift) instead of M
 
 
 def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) -> ConvCodes | None:
     """``ConvCodes`` of a Conv marked for onnxruntime's kernel, from its weight and bias after their
     input configs (``arguments[1:]``); ``edges``: a fused Relu/Clip's (``fusion.grid_edges``).  None
     when the chain cannot compute it exactly in float32 (then the ops run one by one)."""
+    if wants_requantizing_kernel(operation):
+        return _requantizing_codes(operation, arguments, edges)
     gate = integer_configs(operation)
     if gate is None:
         return None
@@ -85,6 +90,28 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
     return ConvCodes(weight, bias, high, wide, multiplier, low, high_code, output)
 
 
+def _requantizing_codes(operation: Operation, arguments: list, edges: np.ndarray | None) -> ConvCodes | None:
+    """``ConvCodes`` of a Conv requantized by multiplier and shift (``requantizing_kernels``), its sums
+    exact in float32; None otherwise."""
+    gate = requantizing_configs(operation)
+    if gate is None:
+        return None
+    output, configs = gate
+    if requantized_grid(output) != grid_key(overlapped_root(output)):
+        return None   # the chain's result is recorded on the grid of the config at the end of the chain
+    parts = parameter_codes(operation, arguments, configs, code_bound(configs[0]))
+    if parts is None or parts[0].dtype != _F32 or float(np.max(parts[2], initial=0.0)) >= EXACT_F32:
+        return None
+    weight, bias, bounds = parts
+    clamp = None if edges is None else clamp_codes(output, edges)
+    requantize = requantization_of(output, bounds, clamp)
+    if requantize is None or requantize.channels != weight.shape[0]:
+        return None
+    bias = None if bias is None else np.broadcast_to(bias.reshape(-1), (weight.shape[0],)).astype(_F32)
+    return ConvCodes(weight, bias, None, np.zeros(0, np.int64), None, requantize.low, requantize.high, output,
+                     requantize)
+
+
 def _bias_parts(config: TensorQuantizationConfig, value, original, bounds: np.ndarray) -> tuple | None:
     """(float32 bias codes the products are summed with, the part added after them or None, the channels
     whose int32 sum may wrap) of a chained conv's bias, or None when it cannot be summed exactly."""
@@ -103,7 +130,10 @@ def _bias_parts(config: TensorQuantizationConfig, value, original, bounds: np.nd
 def requantize_block(codes: ConvCodes, width: int):
     """The in-cache requantization of a channels-last block whose last axis holds ``width`` values
     (whole pixels): q = clamp(rint((acc + h) * M), low, high), h (the wide bias's float32 part) and M
-    per channel repeated along the row; ``epilogue(block, out=None)`` in place or into ``out``."""
+    per channel repeated along the row; ``epilogue(block, out=None)`` in place or into ``out``.  A conv
+    requantized by multiplier and shift: its ``Requantize``, which takes such blocks as they are."""
+    if codes.requantize is not None:
+        return codes.requantize
     channels = codes.multiplier.size
     repeat = width // channels
     factors = np.tile(codes.multiplier, repeat)

@@ -175,7 +175,8 @@ def quantize_inputs(operation: Operation, arguments: list, names: tuple = (), gr
 def quantize_outputs(operation: Operation, results: list, names: tuple = (), grids: dict | None = None,
                      on_output_grid: bool = False, fresh: tuple = ()) -> list:
     """The op's results through its output configs, recording in ``grids`` (by ``names``) the grid each
-    quantized one lies on; ``on_output_grid``: the results already lie on their configs' grids;
+    quantized one lies on; ``on_output_grid``: the results already lie on their configs' grids (an
+    integer kernel put them there, requantized where a config requantizes);
     ``fresh[i]``: result i is the executor's own and is quantized in place."""
     config = operation.config
     if config is None:
@@ -183,7 +184,7 @@ def quantize_outputs(operation: Operation, results: list, names: tuple = (), gri
     quantized = list(results)
     for index, (tqc, value) in enumerate(zip(config.output_quantization_config, results)):
         key = grid_key(tqc) if tqc is None or tqc.requantization is None else requantized_grid(tqc)
-        if not (on_output_grid and key is not None and tqc.requantization is None):
+        if not (on_output_grid and key is not None):
             in_place = index < len(fresh) and fresh[index]
             quantized[index] = apply_output_config(tqc, values_of(value), in_place)
         if grids is not None and index < len(names):

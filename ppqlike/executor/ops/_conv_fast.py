@@ -97,6 +97,13 @@ def _pointwise_images(w2, wa, b, x3, out3, images, dtype):
     return y
 
 
+def finish_channels_first(block: np.ndarray, epilogue) -> None:
+    """``epilogue(block)`` on a block whose channels lie along axis 1; an epilogue with ``per_channel`` set
+    (one that reads channels, see ``_conv_channels_last.finish``) sees them along the last axis instead."""
+    if epilogue is not None:
+        epilogue(np.moveaxis(block, 1, -1) if getattr(epilogue, "per_channel", False) else block)
+
+
 # ---------------------------------------------------------------- depthwise --
 _PATCH_BYTES = 2 << 20    # patch matrix per chunk of images (per thread): about the size of L2
 _CHANNELS_LAST_MIN = 8    # channels per group from which patches are built channels-last
@@ -185,8 +192,7 @@ def im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads, strides, di
             for g in range(group):
                 target[...] = windows[:, g * cg:(g + 1) * cg]
                 np.matmul(wmats[g], patches[:m], out=out3[c0:c1, g * cog:(g + 1) * cog])
-        if epilogue is not None:
-            epilogue(out3[c0:c1])
+        finish_channels_first(out3[c0:c1], epilogue)
 
     parallel_items(run, len(chunks), workspace)
     return out

@@ -163,9 +163,8 @@ def _conv2d(x, w, b, pads, strides, dilations, group, dtype, epilogue=None) -> n
 
 
 def _finished(y: np.ndarray, epilogue) -> np.ndarray:
-    """``y`` after ``epilogue(y)`` (in place; None: as it is)."""
-    if epilogue is not None:
-        epilogue(y)
+    """``y`` after ``epilogue(y)`` (in place, channels along axis 1; None: as it is)."""
+    _conv_fast.finish_channels_first(y, epilogue)
     return y
 
 

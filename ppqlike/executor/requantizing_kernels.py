@@ -1,0 +1,231 @@
+"""Computing ops requantized by an integer multiplier and shift (TPU-MLIR style), run on integer codes.
+
+An op whose output config carries ``requantization`` (Conv, MatMul, Gemm; see
+``optim.passes.requantization``) runs as the accelerator computes it: the exact
+int32 accumulator of the input and weight codes plus the bias codes,
+
+    acc = sum q_x * q_w + q_b,   q_y = clamp(round(acc * M0 * 2^-rshift) + Z_y, qmin, qmax)
+
+under the config's rounding.  The accumulator is formed by the float kernel on
+the codes: in float32 when every partial sum is an integer below 2^24
+(``onnxruntime_kernels.product_bounds``), else in float64 (below 2^53).  The
+requantization is ``Requantize``: t = fl64(acc * (M0 * 2^-rshift)) rounded, which
+is the integer formula's result in a channel whose shift leaves t's float64
+error below the gap between t and a rounding boundary (rshift + bits(L) <= 53, L
+the reach of the codes, see ``integer_requantization``) or whose accumulators are
+small enough for t to be exact (max|acc| * M0 < 2^53); the other channels are
+computed on int64.  A conv kernel applies it to each block of its result while
+the block is in cache; a fused Relu/Clip whose output config keeps the grid
+clamps in the same pass (``fusion.grid_edges``).  The result goes on as the codes
+q - Z (``integer_codes.Codes``) or their values S_y * (q - Z).  Equal to the
+float simulation (``integer_requantization.requantize_output``, which recovers
+acc from the float result) wherever that recovery is exact; where it is not,
+this one is the accelerator's arithmetic.  Reads configs; writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..core import numerics
+from ..core.ir import Operation
+from ..core.quant import TensorQuantizationConfig
+from ..core.quant_graph import quantizes
+from ..core.rounding import NEAREST_POLICIES, round_into
+from .integer_codes import (Codes, bias_codes, code_bound, dequantize_codes, integer_codes, largest_magnitude,
+                            per_tensor, zero_point)
+from .onnxruntime_kernels import (EXACT_F32, applied_root, clamp_codes, parameter_value, product_bounds,
+                                  wants_runtime_kernel)
+from .ops._threads import parallel_over
+from .simulation import grid_key
+
+REQUANTIZING_TYPES = frozenset({"Conv", "MatMul", "Gemm"})
+EXACT_F64 = 2.0 ** 53    # integers up to here are exact in float64
+_F32 = np.float32
+_ROWS_BLOCK = 1 << 16    # elements per block when a whole accumulator is requantized after its kernel
+_PIECE = 1 << 22         # elements requantized at a time: with their float64 copy, well inside L2
+
+
+def wants_requantizing_kernel(operation: Operation) -> bool:
+    """Whether ``operation``'s output config requantizes its accumulator by multiplier and shift."""
+    config = operation.config
+    if config is None or operation.type not in REQUANTIZING_TYPES or not config.output_quantization_config:
+        return False
+    output = config.output_quantization_config[0]
+    return output is not None and output.requantization is not None and quantizes(output, "output")
+
+
+def wants_integer_kernel(operation: Operation) -> bool:
+    """Whether ``operation`` runs as an integer kernel: onnxruntime's, or an integer requantization."""
+    return wants_runtime_kernel(operation) or wants_requantizing_kernel(operation)
+
+
+class Requantize:
+    """The requantization of one op's accumulators to codes q - Z, as an epilogue: ``requantize(block,
+    out=None)`` works on a block whose last axis holds whole pixels of the op's channels (in place, or into
+    ``out`` of the same shape); float32 or float64 integers in, float32 codes out.  Made by
+    ``requantization_of``; thread-safe (no state changes after it is made)."""
+
+    per_channel = True   # conv kernels hand it blocks with the channels along the last axis
+
+    def __init__(self, output: TensorQuantizationConfig, ratio: np.ndarray, exact: np.ndarray, low: float,
+                 high: float):
+        facts = output.requantization
+        self.channels = ratio.size
+        self.ratio, self.exact, self.low, self.high = ratio, exact, _F32(low), _F32(high)
+        self._tiled = {1: ratio}   # the ratios repeated along rows of several pixels, by their count
+        self.rounding = output.rounding
+        reach = max(abs(output.quant_min - zero_point(output)), abs(output.quant_max - zero_point(output))) + 1
+        self.by_rint = output.rounding in NEAREST_POLICIES and not facts.ties_possible(reach)
+        self.multipliers = _per_channel(facts.multiplier, self.channels)
+        self.shifts = _per_channel(facts.right_shift, self.channels)
+
+    def __call__(self, block: np.ndarray, out: np.ndarray | None = None) -> None:
+        target = block if out is None else out
+        if block.size <= _PIECE or block.ndim == 1:
+            self._requantize(block, target)
+        elif block.shape[0] == 1:
+            self(block[0], target[0])
+        else:   # pieces along the leading axis, each in cache with its float64 copy
+            step = max(1, block.shape[0] * _PIECE // block.size)
+            for start in range(0, block.shape[0], step):
+                self(block[start:start + step], target[start:start + step])
+
+    def _requantize(self, block: np.ndarray, target: np.ndarray) -> None:
+        repeat = block.shape[-1] // self.channels   # pixels along the last axis
+        ratio = self._tiled.get(repeat)
+        if ratio is None:
+            ratio = self._tiled[repeat] = np.tile(self.ratio, repeat)
+        held = None
+        if self.exact.size:   # read before the block is overwritten
+            held = block.reshape(block.shape[:-1] + (repeat, self.channels))[..., self.exact].astype(np.int64)
+        t = block.astype(np.float64)   # a cast copy, then in place: cheaper than mixed-type ufuncs
+        np.multiply(t, ratio, out=t)
+        if self.by_rint:
+            np.copyto(target, np.rint(t, out=t), casting="same_kind")
+        else:
+            round_into(t, target, self.rounding)   # t its scratch; target takes the integers (exact in float32)
+        target.clip(self.low, self.high, out=target)   # on float32: cheaper than on float64
+        if held is not None:   # channels whose float64 t may round wrongly: the int64 formula
+            shaped = target.reshape(target.shape[:-1] + (repeat, self.channels))
+            shaped[..., self.exact] = numerics.requantize(
+                held, self.multipliers[self.exact], self.shifts[self.exact], 0, int(self.low), int(self.high),
+                self.rounding, channel_axis=held.ndim - 1)
+
+    def whole(self, accumulator: np.ndarray, axis: int) -> np.ndarray:
+        """The float32 codes of a whole accumulator whose channels lie along ``axis``, a block at a time on
+        the kernel threads, in the accumulator's memory order."""
+        codes = np.empty_like(accumulator, dtype=_F32)
+        source, target = np.moveaxis(accumulator, axis, -1), np.moveaxis(codes, axis, -1)
+        rows = source.reshape(-1, self.channels) if source.flags.c_contiguous else None
+        if rows is not None:   # channels last in memory: rows of pixels
+            step = max(1, _ROWS_BLOCK // self.channels)
+            out = target.reshape(-1, self.channels)
+            parallel_over(lambda r: self(rows[r:r + step], out[r:r + step]), range(0, rows.shape[0], step))
+        else:
+            parallel_over(lambda n: self(source[n], target[n]), range(source.shape[0]))
+        return codes
+
+
+def _per_channel(values, channels: int) -> np.ndarray:
+    return np.broadcast_to(np.asarray(values, np.int64).reshape(-1), (channels,)).copy()
+
+
+def requantization_of(output: TensorQuantizationConfig, bounds: np.ndarray, clamp: tuple | None) -> Requantize | None:
+    """``Requantize`` of ``output``'s requantization for accumulators bounded per channel by ``bounds`` (one
+    value per output channel; their largest for a per-tensor requantization), clamped to ``clamp`` (codes;
+    None: the output's range); None when the channel counts disagree."""
+    facts = output.requantization
+    bounds = np.asarray(bounds, np.float64).reshape(-1)
+    if not facts.per_channel:
+        bounds = bounds.max(initial=0.0, keepdims=True)
+    elif len(facts.multiplier) != bounds.size:
+        return None
+    channels = bounds.size
+    multipliers, shifts = _per_channel(facts.multiplier, channels), _per_channel(facts.right_shift, channels)
+    if np.any(np.abs(multipliers) >= 2 ** 53):
+        return None
+    zero = zero_point(output)
+    reach = max(abs(output.quant_min - zero), abs(output.quant_max - zero)) + 1
+    exact = (shifts + reach.bit_length() > 53) & (bounds * np.abs(multipliers).astype(np.float64) >= EXACT_F64)
+    low, high = clamp if clamp is not None else (float(output.quant_min - zero), float(output.quant_max - zero))
+    return Requantize(output, np.ldexp(multipliers.astype(np.float64), -shifts), np.flatnonzero(exact), low, high)
+
+
+def requantizing_configs(operation: Operation) -> tuple | None:
+    """(the op's own output config, its input configs' applied roots) when it can run on codes: a per-tensor
+    float32 output scale, a per-tensor data input with zero offset, a weight config; else None."""
+    config = operation.config
+    output = config.output_quantization_config[0]
+    configs = [applied_root(c) for c in config.input_quantization_config]
+    if len(configs) < 2 or configs[0] is None or configs[1] is None or not per_tensor(configs[0]) \
+            or not per_tensor(output) or np.asarray(output.scale).dtype != _F32 \
+            or zero_point(configs[0]) != 0 or np.any(np.asarray(configs[1].offset) != 0):
+        return None
+    if operation.type == "Gemm" and (operation.attributes.get("alpha", 1.0) != 1.0
+                                     or operation.attributes.get("beta", 1.0) != 1.0):
+        return None
+    return output, configs
+
+
+def parameter_codes(operation: Operation, arguments: Sequence, configs: list, largest_input: float) -> tuple | None:
+    """(weight codes, bias codes or None, per output channel a bound of |acc| and of every partial sum of
+    it) of a requantizing op whose data codes are at most ``largest_input`` in magnitude; None when they are
+    not on their grids, or the bias is float, or no float sums them exactly."""
+    weight = integer_codes(configs[1], arguments[1], False)
+    if weight is None:
+        return None
+    bias = None
+    if len(arguments) > 2 and arguments[2] is not None:
+        if len(configs) < 3 or configs[2] is None:
+            return None   # a float bias is not what the accelerator adds
+        bias = bias_codes(configs[2], arguments[2], parameter_value(operation, 2))
+        if bias is None:
+            return None
+    bounds = product_bounds(operation, weight, largest_input)
+    if bias is not None:
+        if bias.size not in (1, bounds.size):
+            return None
+        bounds = bounds + np.abs(bias.reshape(-1))
+    if not np.all(bounds < EXACT_F64):
+        return None
+    return weight, bias, bounds
+
+
+def run_requantizing_kernel(operation: Operation, kernel, arguments: Sequence, argument_grids: Sequence = (),
+                            clamp_to: np.ndarray | None = None, as_codes: bool = False) -> list | None:
+    """The op's outputs as the accelerator computes them (see the module), or None where that does not
+    apply.  ``arguments``: the op's inputs after their input configs; ``argument_grids``, ``clamp_to`` (the
+    edges of a fused Relu/Clip) and ``as_codes`` as ``onnxruntime_kernels.run_runtime_kernel``'s."""
+    gate = requantizing_configs(operation)
+    if gate is None:
+        return None
+    output, configs = gate
+    on_grid = len(argument_grids) > 0 and argument_grids[0] is not None \
+        and argument_grids[0] == grid_key(configs[0])
+    data = integer_codes(configs[0], arguments[0], on_grid)
+    if data is None:
+        return None
+    parts = parameter_codes(operation, arguments, configs, code_bound(configs[0]) if on_grid
+                            else largest_magnitude(data))
+    if parts is None:
+        return None
+    weight, bias, bounds = parts
+    clamp = None if clamp_to is None else clamp_codes(output, clamp_to)
+    requantize = requantization_of(output, bounds, clamp)
+    if requantize is None:
+        return None
+    dtype = _F32 if float(np.max(bounds, initial=0.0)) < EXACT_F32 and data.dtype == _F32 \
+        and weight.dtype == _F32 else np.float64
+    inputs = [v.astype(dtype, copy=False) for v in (data, weight) + (() if bias is None else (bias,))]
+    if operation.type == "Conv" and getattr(kernel, "takes_epilogue", False) and dtype == _F32:
+        codes = kernel(inputs, epilogue=requantize)[0]
+    else:
+        accumulator = kernel(inputs)[0]
+        axis = 1 if operation.type == "Conv" else accumulator.ndim - 1
+        if accumulator.shape[axis] % requantize.channels:
+            return None
+        codes = requantize.whole(accumulator, axis)
+    return [Codes(codes, output) if as_codes else dequantize_codes(output, codes)]

@@ -1,0 +1,160 @@
+"""TPU_INT8's computing ops run on integer codes (``executor.requantizing_kernels``): the exact accumulator,
+requantized by the integer multiplier and shift.  ``Requantize`` equals the int64 formula on any block
+layout; whole models equal the float simulation (``runtime_kernels=False``: the float op, the accumulator
+recovered from its result) and the ops run one by one (a hook), bit for bit - on hand-made graphs that take
+each path (float32 sums, float64 sums, dead channels computed on int64) and on the shared models."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import ppqlike
+from ppqlike import api
+from ppqlike.core import numerics
+from ppqlike.core.quant import QuantizationStates, RoundingPolicy, TensorQuantizationConfig
+from ppqlike.core.quant_policy import QuantizationProperty
+from ppqlike.core.requantization import IntegerRequantization
+from ppqlike.executor import NumpyExecutor, OperationHook
+from ppqlike.executor import requantizing_kernels
+from ppqlike.executor.requantizing_kernels import requantization_of, wants_requantizing_kernel
+
+from shared_bench import load_images, requires_bench
+from test_onnxruntime_kernels import _model
+
+
+def _output_config(multiplier, shift, policy, grid) -> TensorQuantizationConfig:
+    quant_min, quant_max, offset = grid
+    config = TensorQuantizationConfig(QuantizationProperty.ASYMMETRICAL | QuantizationProperty.LINEAR |
+                                      QuantizationProperty.PER_TENSOR, policy, 8, quant_min, quant_max,
+                                      scale=np.float32(0.05), offset=offset, state=QuantizationStates.ACTIVATED)
+    config.requantization = IntegerRequantization.from_arrays(multiplier, shift, np.ones(len(multiplier)), 1)
+    return config
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), ratio_exponent=st.integers(-20, -3), largest=st.sampled_from([300, 2 ** 23]),
+       policy=st.sampled_from(list(RoundingPolicy)),
+       grid=st.sampled_from([(-128, 127, 0), (0, 255, 128), (-127, 127, 0)]),
+       layout=st.sampled_from(["pixel rows", "channels first", "whole"]), clamped=st.booleans(),
+       dead=st.booleans(), with_ties=st.booleans())
+def test_requantize_equals_the_int64_formula(seed, ratio_exponent, largest, policy, grid, layout, clamped, dead,
+                                             with_ties):
+    """q - z = clamp(round(acc * M0 * 2^-shift), low, high) for every policy, grid and shift, ties in range
+    (a power-of-two ratio) and dead channels (a tiny ratio: a long shift, computed on int64) included, on
+    blocks of several pixels a row, channels-first views, or a whole accumulator."""
+    rng = np.random.default_rng(seed)
+    channels = 5
+    ratios = 2.0 ** ratio_exponent * rng.uniform(0.5, 1.0, channels)
+    if with_ties:
+        ratios[0] = 2.0 ** ratio_exponent
+    if dead:
+        ratios[3] = 2.0 ** -30 * rng.uniform(0.5, 1.0)   # shift 61
+    multiplier, shift = numerics.scale_to_multiplier_shift(ratios)
+    config = _output_config(multiplier, shift, policy, grid)
+    quant_min, quant_max, offset = grid
+    low, high = (quant_min - offset + 7, quant_max - offset - 3) if clamped else (quant_min - offset,
+                                                                                quant_max - offset)
+    bounds = np.full(channels, float(largest))
+    if dead:
+        bounds[3] = 2.0 ** 31   # its float64 t may round wrongly: the int64 path
+    requantize = requantization_of(config, bounds, (float(low), float(high)) if clamped else None)
+    if dead:
+        assert 3 in requantize.exact
+    if ratio_exponent > -14 or largest < 2 ** 10:   # shift + 8 <= 53, or |acc| * M0 < 2^53: float64 alone
+        assert set(requantize.exact) <= {3}
+    acc = rng.integers(-largest, largest + 1, (3, 4, 6, channels))
+    if with_ties:   # acc * ratio = odd / 2
+        acc[..., 0] = (2 * rng.integers(-100, 100, (3, 4, 6)) + 1) << (-ratio_exponent - 1)
+        acc[..., 0] = np.clip(acc[..., 0], -largest, largest)
+    if dead:
+        acc[..., 3] = rng.integers(-2 ** 31, 2 ** 31, (3, 4, 6), dtype=np.int64)
+    dtype = np.float32 if largest < 2 ** 24 and not dead else np.float64
+    values = acc.astype(dtype)
+    expected = numerics.requantize(acc, multiplier, shift, 0, low, high, policy, channel_axis=3)
+    if layout == "pixel rows":   # channels-last rows of 6 pixels
+        got = np.empty(values.shape, np.float32).reshape(12, 6 * channels)
+        requantize(values.reshape(12, 6 * channels), got)
+        got = got.reshape(values.shape)
+    elif layout == "channels first":
+        first = np.ascontiguousarray(np.moveaxis(values, 3, 1))
+        got = np.empty(first.shape, np.float32)
+        requantize(np.moveaxis(first, 1, -1), np.moveaxis(got, 1, -1))
+        got = np.moveaxis(got, 1, -1)
+    else:
+        got = requantize.whole(np.moveaxis(values, 3, 1), 1)
+        got = np.moveaxis(got, 1, -1)
+    np.testing.assert_array_equal(got, expected.astype(np.float32))
+
+
+def _wide_model(seed: int) -> onnx.ModelProto:
+    """A 1x1 Conv over 1200 channels (partial sums past 2^24: summed in float64) with a dead output
+    channel (a tiny weight: a long shift), a Relu, then a 3x3 Conv with a bias."""
+    rng = np.random.default_rng(seed)
+    wide = rng.standard_normal((6, 1200, 1, 1)).astype(np.float32)
+    wide[2] *= 1e-7
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="wide"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], pads=[1, 1, 1, 1], name="conv")]
+    initializers = [numpy_helper.from_array(wide, "w1"),
+                    numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b1"),
+                    numpy_helper.from_array(rng.standard_normal((4, 6, 3, 3)).astype(np.float32), "w2"),
+                    numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b2")]
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1200, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 5, 5])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _three_ways(graph, x, names):
+    """(integer kernels, float simulation, hooked) outputs ``names`` of ``graph`` on ``x``."""
+    return (NumpyExecutor(graph).forward(x, output_names=names),
+            NumpyExecutor(graph, runtime_kernels=False).forward(x, output_names=names),
+            NumpyExecutor(graph).forward(x, output_names=names, hooks=[OperationHook()]))
+
+
+@pytest.mark.parametrize("make,shape,names", [
+    (lambda: _model(5), (4, 3, 12, 12), ["r1", "r2", "s", "y"]),
+    (lambda: _wide_model(6), (3, 1200, 5, 5), ["r1", "y"])])
+def test_tpu_integer_kernels_equal_the_float_simulation(make, shape, names, tmp_path, monkeypatch):
+    """Each requantized op (Conv, depthwise, pointwise, Gemm; float32 and float64 sums, a dead channel on
+    int64) runs on codes and gives the float simulation's values bit for bit; the graph's outputs too."""
+    path = tmp_path / "model.onnx"
+    onnx.save(make(), path)
+    rng = np.random.default_rng(1)
+    calibration = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+    graph = api.quantize_onnx_model(str(path), calibration, platform="TPU_INT8")
+    requantized = [op for op in graph.operations.values() if wants_requantizing_kernel(op)]
+    assert len(requantized) >= 2
+    ran = []
+    original = requantizing_kernels.run_requantizing_kernel
+
+    def spy(operation, *arguments, **options):
+        result = original(operation, *arguments, **options)
+        ran.append((operation.name, result is not None))
+        return result
+    monkeypatch.setattr("ppqlike.executor.executor.run_requantizing_kernel", spy)
+    x = rng.standard_normal(shape).astype(np.float32) * 1.5
+    plain, in_float, hooked = _three_ways(graph, x, names)
+    assert {name for name, done in ran if done} == {op.name for op in requantized}   # none fell back
+    for got, floated, want in zip(plain, in_float, hooked):
+        np.testing.assert_array_equal(got, floated)
+        np.testing.assert_array_equal(want, floated)
+
+
+@requires_bench
+@pytest.mark.parametrize("model", ["mobilenetv2", "squeezenet1.1"])
+def test_real_tpu_integer_kernels_equal_the_float_simulation(model):
+    """On a shared model, TPU_INT8's integer kernels (expansion chains included) give the float simulation's
+    logits bit for bit, and so do the ops run one by one."""
+    from shared_bench import PRESETS
+    images, _, _ = load_images(model, "calib", 8)
+    setting = ppqlike.QuantizationSettingFactory.for_platform("TPU_INT8", recipe="plain")
+    graph = api.quantize_onnx_model(PRESETS[model].path, [images], platform="TPU_INT8", setting=setting)
+    dev, _, _ = load_images(model, "dev", 4)
+    plain, in_float, hooked = _three_ways(graph, dev, None)
+    np.testing.assert_array_equal(plain[0].view(np.uint32), in_float[0].view(np.uint32))
+    np.testing.assert_array_equal(hooked[0].view(np.uint32), in_float[0].view(np.uint32))
