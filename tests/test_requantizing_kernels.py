@@ -41,12 +41,13 @@ def _output_config(multiplier, shift, policy, grid) -> TensorQuantizationConfig:
        policy=st.sampled_from(list(RoundingPolicy)),
        grid=st.sampled_from([(-128, 127, 0), (0, 255, 128), (-127, 127, 0)]),
        layout=st.sampled_from(["pixel rows", "channels first", "whole"]), clamped=st.booleans(),
-       dead=st.booleans(), with_ties=st.booleans())
+       dead=st.booleans(), with_ties=st.booleans(), bias_apart=st.booleans())
 def test_requantize_equals_the_int64_formula(seed, ratio_exponent, largest, policy, grid, layout, clamped, dead,
-                                             with_ties):
-    """q - z = clamp(round(acc * M0 * 2^-shift), low, high) for every policy, grid and shift, ties in range
-    (a power-of-two ratio) and dead channels (a tiny ratio: a long shift, computed on int64) included, on
-    blocks of several pixels a row, channels-first views, or a whole accumulator."""
+                                             with_ties, bias_apart):
+    """q - z = clamp(round((P + B) * M0 * 2^-shift), low, high) for every policy, grid and shift, ties in
+    range (a power-of-two ratio) and dead channels (a tiny ratio: a long shift, computed on int64) included,
+    on blocks of several pixels a row, channels-first views, or a whole accumulator; the bias B in the
+    accumulators or added by ``Requantize`` ("bias apart")."""
     rng = np.random.default_rng(seed)
     channels = 5
     ratios = 2.0 ** ratio_exponent * rng.uniform(0.5, 1.0, channels)
@@ -62,7 +63,11 @@ def test_requantize_equals_the_int64_formula(seed, ratio_exponent, largest, poli
     bounds = np.full(channels, float(largest))
     if dead:
         bounds[3] = 2.0 ** 31   # its float64 t may round wrongly: the int64 path
-    requantize = requantization_of(config, bounds, (float(low), float(high)) if clamped else None)
+    bias = rng.integers(-2 ** 20, 2 ** 20, channels)
+    if with_ties:
+        bias[0] = 0   # keeps t = odd / 2
+    requantize = requantization_of(config, bounds, bias, (float(low), float(high)) if clamped else None,
+                                   bias_apart=bias_apart)
     if dead:
         assert 3 in requantize.exact
     if ratio_exponent > -14 or largest < 2 ** 10:   # shift + 8 <= 53, or |acc| * M0 < 2^53: float64 alone
@@ -73,9 +78,10 @@ def test_requantize_equals_the_int64_formula(seed, ratio_exponent, largest, poli
         acc[..., 0] = np.clip(acc[..., 0], -largest, largest)
     if dead:
         acc[..., 3] = rng.integers(-2 ** 31, 2 ** 31, (3, 4, 6), dtype=np.int64)
-    dtype = np.float32 if largest < 2 ** 24 and not dead else np.float64
-    values = acc.astype(dtype)
-    expected = numerics.requantize(acc, multiplier, shift, 0, low, high, policy, channel_axis=3)
+    expected = numerics.requantize(acc + bias, multiplier, shift, 0, low, high, policy, channel_axis=3)
+    if not bias_apart:   # the bias in the accumulators
+        acc = acc + bias
+    values = acc.astype(np.float32 if np.abs(acc).max() < 2 ** 24 else np.float64)
     if layout == "pixel rows":   # channels-last rows of 6 pixels
         got = np.empty(values.shape, np.float32).reshape(12, 6 * channels)
         requantize(values.reshape(12, 6 * channels), got)
@@ -89,6 +95,26 @@ def test_requantize_equals_the_int64_formula(seed, ratio_exponent, largest, poli
         got = requantize.whole(np.moveaxis(values, 3, 1), 1)
         got = np.moveaxis(got, 1, -1)
     np.testing.assert_array_equal(got, expected.astype(np.float32))
+
+
+@pytest.mark.parametrize("center,clamp,exact", [(0.3, None, False), (-2.25, None, False), (3.0, (-1.0, 1.0), False),
+                                                (0.5, None, True), (-2.5, None, True), (1.5, (-1.0, 1.0), True)])
+def test_dead_channels_take_int64_only_where_a_rounding_boundary_is_within_reach(center, clamp, exact):
+    """A channel whose float64 t may round wrongly (a long shift, a wide bias B) is computed on int64 only when
+    (B +- max|P|) * ratio reaches a half integer inside the clamp range: a dead channel's t barely moves."""
+    multiplier, shift = numerics.scale_to_multiplier_shift(np.array([2.0 ** -30 * 0.75, 0.01]))
+    ratio = multiplier[0] / 2.0 ** shift[0]
+    bias = np.array([round(center / ratio), 5])
+    config = _output_config(multiplier, shift, RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO, (-128, 127, 0))
+    products = np.array([2.0 ** 12, 2.0 ** 12])
+    requantize = requantization_of(config, products, bias, clamp, bias_apart=True)
+    assert (0 in requantize.exact) == exact and 1 not in requantize.exact
+    acc = np.random.default_rng(0).integers(-2 ** 12, 2 ** 12, (50, 2))
+    got = np.empty(acc.shape, np.float32)
+    requantize(acc.astype(np.float32), got)
+    low, high = (-128, 127) if clamp is None else clamp
+    np.testing.assert_array_equal(got, numerics.requantize(acc + bias, multiplier, shift, 0, int(low), int(high),
+                                                           RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO, channel_axis=1))
 
 
 def _wide_model(seed: int) -> onnx.ModelProto:

@@ -31,7 +31,7 @@ from .onnxruntime_kernels import (EXACT_F32, activation_fused, applied_root, cha
                                   integer_configs, parameter_value, product_bounds, split_bias, wrap_int32)
 from .ops._conv_channels_last import expand_then_depthwise
 from .ops._prepared import prepared
-from .requantizing_kernels import (Requantize, parameter_codes, requantization_of, requantizing_configs,
+from .requantizing_kernels import (Requantize, parameter_codes, requantization_of, requantizing_configs, summation,
                                    wants_requantizing_kernel)
 from .simulation import grid_key, requantized_grid
 
@@ -91,8 +91,8 @@ def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) 
 
 
 def _requantizing_codes(operation: Operation, arguments: list, edges: np.ndarray | None) -> ConvCodes | None:
-    """``ConvCodes`` of a Conv requantized by multiplier and shift (``requantizing_kernels``), its sums
-    exact in float32; None otherwise."""
+    """``ConvCodes`` of a Conv requantized by multiplier and shift (``requantizing_kernels``), its products'
+    sums exact in float32 (a wide bias added by its ``Requantize``); None otherwise."""
     gate = requantizing_configs(operation)
     if gate is None:
         return None
@@ -100,14 +100,18 @@ def _requantizing_codes(operation: Operation, arguments: list, edges: np.ndarray
     if requantized_grid(output) != grid_key(overlapped_root(output)):
         return None   # the chain's result is recorded on the grid of the config at the end of the chain
     parts = parameter_codes(operation, arguments, configs, code_bound(configs[0]))
-    if parts is None or parts[0].dtype != _F32 or float(np.max(parts[2], initial=0.0)) >= EXACT_F32:
+    if parts is None:
         return None
-    weight, bias, bounds = parts
+    weight, bias, products, totals = parts
+    how = summation(weight, weight, products, totals)   # the input codes are float32 integers
+    if how == "float64":
+        return None
     clamp = None if edges is None else clamp_codes(output, edges)
-    requantize = requantization_of(output, bounds, clamp)
+    requantize = requantization_of(output, products, bias, clamp, bias_apart=how == "bias apart")
     if requantize is None or requantize.channels != weight.shape[0]:
         return None
-    bias = None if bias is None else np.broadcast_to(bias.reshape(-1), (weight.shape[0],)).astype(_F32)
+    bias = None if bias is None or how == "bias apart" else \
+        np.broadcast_to(bias.reshape(-1), (weight.shape[0],)).astype(_F32)
     return ConvCodes(weight, bias, None, np.zeros(0, np.int64), None, requantize.low, requantize.high, output,
                      requantize)
 

@@ -45,7 +45,7 @@ REQUANTIZING_TYPES = frozenset({"Conv", "MatMul", "Gemm"})
 EXACT_F64 = 2.0 ** 53    # integers up to here are exact in float64
 _F32 = np.float32
 _ROWS_BLOCK = 1 << 16    # elements per block when a whole accumulator is requantized after its kernel
-_PIECE = 1 << 22         # elements requantized at a time: with their float64 copy, well inside L2
+_PIECE = 1 << 18         # elements requantized at a time: with their float64 copy, well inside L2
 
 
 def wants_requantizing_kernel(operation: Operation) -> bool:
@@ -71,11 +71,12 @@ class Requantize:
     per_channel = True   # conv kernels hand it blocks with the channels along the last axis
 
     def __init__(self, output: TensorQuantizationConfig, ratio: np.ndarray, exact: np.ndarray, low: float,
-                 high: float):
+                 high: float, bias: np.ndarray | None = None):
         facts = output.requantization
         self.channels = ratio.size
         self.ratio, self.exact, self.low, self.high = ratio, exact, _F32(low), _F32(high)
-        self._tiled = {1: ratio}   # the ratios repeated along rows of several pixels, by their count
+        self.bias = bias   # float64 integers per channel added to the accumulators first ("bias apart"), or None
+        self._tiled = {}   # (the ratios, the bias) repeated along rows of several pixels, by their count
         self.rounding = output.rounding
         reach = max(abs(output.quant_min - zero_point(output)), abs(output.quant_max - zero_point(output))) + 1
         self.by_rint = output.rounding in NEAREST_POLICIES and not facts.ties_possible(reach)
@@ -93,15 +94,24 @@ class Requantize:
             for start in range(0, block.shape[0], step):
                 self(block[start:start + step], target[start:start + step])
 
+    def _factors(self, repeat: int) -> tuple:
+        factors = self._tiled.get(repeat)
+        if factors is None:
+            factors = self._tiled[repeat] = (np.tile(self.ratio, repeat),
+                                             None if self.bias is None else np.tile(self.bias, repeat))
+        return factors
+
     def _requantize(self, block: np.ndarray, target: np.ndarray) -> None:
         repeat = block.shape[-1] // self.channels   # pixels along the last axis
-        ratio = self._tiled.get(repeat)
-        if ratio is None:
-            ratio = self._tiled[repeat] = np.tile(self.ratio, repeat)
+        ratio, bias = self._factors(repeat)
         held = None
         if self.exact.size:   # read before the block is overwritten
             held = block.reshape(block.shape[:-1] + (repeat, self.channels))[..., self.exact].astype(np.int64)
+            if self.bias is not None:
+                held += self.bias[self.exact].astype(np.int64)
         t = block.astype(np.float64)   # a cast copy, then in place: cheaper than mixed-type ufuncs
+        if bias is not None:
+            np.add(t, bias, out=t)   # exact: integers below 2^53
         np.multiply(t, ratio, out=t)
         if self.by_rint:
             np.copyto(target, np.rint(t, out=t), casting="same_kind")
@@ -133,25 +143,45 @@ def _per_channel(values, channels: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(values, np.int64).reshape(-1), (channels,)).copy()
 
 
-def requantization_of(output: TensorQuantizationConfig, bounds: np.ndarray, clamp: tuple | None) -> Requantize | None:
-    """``Requantize`` of ``output``'s requantization for accumulators bounded per channel by ``bounds`` (one
-    value per output channel; their largest for a per-tensor requantization), clamped to ``clamp`` (codes;
-    None: the output's range); None when the channel counts disagree."""
+def requantization_of(output: TensorQuantizationConfig, products: np.ndarray, bias: np.ndarray | None,
+                      clamp: tuple | None, bias_apart: bool = False) -> Requantize | None:
+    """``Requantize`` of ``output``'s requantization for accumulators acc = P + B: |P| bounded per output
+    channel by ``products``, B the ``bias`` codes (or none), clamped to ``clamp`` (codes; None: the output's
+    range); ``bias_apart``: the accumulators come without B, which ``Requantize`` adds.  None when the channel
+    counts disagree.
+
+    A channel whose float64 t may round wrongly (see the module) is computed on int64 unless every t it can
+    take, (B +- max|P|) * M0 * 2^-shift, rounds (nearest) to one code or lies beyond the clamp: a dead
+    channel (a tiny weight scale: a long shift, a wide bias) usually does."""
     facts = output.requantization
-    bounds = np.asarray(bounds, np.float64).reshape(-1)
+    products = np.asarray(products, np.float64).reshape(-1)
+    bias = np.zeros(1) if bias is None else np.asarray(bias, np.float64).reshape(-1)
     if not facts.per_channel:
-        bounds = bounds.max(initial=0.0, keepdims=True)
-    elif len(facts.multiplier) != bounds.size:
+        if bias_apart and bias.size > 1:
+            return None
+        products, bias = products.max(initial=0.0, keepdims=True), bias[:1] if bias.size == 1 else bias
+        if bias.size > 1:   # a per-channel bias under one requantization: the largest bounds all
+            bias = np.abs(bias).max(keepdims=True)
+    elif len(facts.multiplier) != products.size or bias.size not in (1, products.size):
         return None
-    channels = bounds.size
+    channels = products.size
+    bias = np.broadcast_to(bias, (channels,))
     multipliers, shifts = _per_channel(facts.multiplier, channels), _per_channel(facts.right_shift, channels)
     if np.any(np.abs(multipliers) >= 2 ** 53):
         return None
     zero = zero_point(output)
     reach = max(abs(output.quant_min - zero), abs(output.quant_max - zero)) + 1
-    exact = (shifts + reach.bit_length() > 53) & (bounds * np.abs(multipliers).astype(np.float64) >= EXACT_F64)
+    ratio = np.ldexp(multipliers.astype(np.float64), -shifts)
     low, high = clamp if clamp is not None else (float(output.quant_min - zero), float(output.quant_max - zero))
-    return Requantize(output, np.ldexp(multipliers.astype(np.float64), -shifts), np.flatnonzero(exact), low, high)
+    totals = products + np.abs(bias)
+    exact = (shifts + reach.bit_length() > 53) & (totals * np.abs(multipliers).astype(np.float64) >= EXACT_F64)
+    if exact.any() and output.rounding in NEAREST_POLICIES:
+        center, spread = bias * ratio, products * np.abs(ratio)
+        margin = 2.0 ** -40 * (np.abs(center) + spread + 1.0)
+        lowest, highest = center - spread - margin, center + spread + margin
+        one_code = np.floor(lowest + 0.5) == np.floor(highest + 0.5)   # no half integer in (lowest, highest]
+        exact &= ~(one_code | (highest < low - 0.5) | (lowest > high + 0.5))
+    return Requantize(output, ratio, np.flatnonzero(exact), low, high, bias.copy() if bias_apart else None)
 
 
 def requantizing_configs(operation: Operation) -> tuple | None:
@@ -171,9 +201,9 @@ def requantizing_configs(operation: Operation) -> tuple | None:
 
 
 def parameter_codes(operation: Operation, arguments: Sequence, configs: list, largest_input: float) -> tuple | None:
-    """(weight codes, bias codes or None, per output channel a bound of |acc| and of every partial sum of
-    it) of a requantizing op whose data codes are at most ``largest_input`` in magnitude; None when they are
-    not on their grids, or the bias is float, or no float sums them exactly."""
+    """(weight codes, bias codes or None, per output channel a bound of every partial sum of the products and
+    one of |acc|) of a requantizing op whose data codes are at most ``largest_input`` in magnitude; None
+    when they are not on their grids, or the bias is float, or no float sums them exactly."""
     weight = integer_codes(configs[1], arguments[1], False)
     if weight is None:
         return None
@@ -184,14 +214,27 @@ def parameter_codes(operation: Operation, arguments: Sequence, configs: list, la
         bias = bias_codes(configs[2], arguments[2], parameter_value(operation, 2))
         if bias is None:
             return None
-    bounds = product_bounds(operation, weight, largest_input)
+    products = product_bounds(operation, weight, largest_input)
+    totals = products
     if bias is not None:
-        if bias.size not in (1, bounds.size):
+        if bias.size not in (1, products.size):
             return None
-        bounds = bounds + np.abs(bias.reshape(-1))
-    if not np.all(bounds < EXACT_F64):
+        totals = products + np.abs(bias.reshape(-1))
+    if not np.all(totals < EXACT_F64):
         return None
-    return weight, bias, bounds
+    return weight, bias, products, totals
+
+
+def summation(data: np.ndarray, weight: np.ndarray, products: np.ndarray, totals: np.ndarray) -> str:
+    """How an accumulator is summed exactly: "float32" (every partial sum an integer below 2^24), "bias
+    apart" (the products' partial sums are: those in float32, the bias added in float64 by ``Requantize``)
+    or "float64"."""
+    if data.dtype == _F32 and weight.dtype == _F32:
+        if float(np.max(totals, initial=0.0)) < EXACT_F32:
+            return "float32"
+        if float(np.max(products, initial=0.0)) < EXACT_F32:
+            return "bias apart"
+    return "float64"
 
 
 def run_requantizing_kernel(operation: Operation, kernel, arguments: Sequence, argument_grids: Sequence = (),
@@ -212,14 +255,15 @@ def run_requantizing_kernel(operation: Operation, kernel, arguments: Sequence, a
                             else largest_magnitude(data))
     if parts is None:
         return None
-    weight, bias, bounds = parts
+    weight, bias, products, totals = parts
+    how = summation(data, weight, products, totals)
     clamp = None if clamp_to is None else clamp_codes(output, clamp_to)
-    requantize = requantization_of(output, bounds, clamp)
+    requantize = requantization_of(output, products, bias, clamp, bias_apart=how == "bias apart")
     if requantize is None:
         return None
-    dtype = _F32 if float(np.max(bounds, initial=0.0)) < EXACT_F32 and data.dtype == _F32 \
-        and weight.dtype == _F32 else np.float64
-    inputs = [v.astype(dtype, copy=False) for v in (data, weight) + (() if bias is None else (bias,))]
+    dtype = np.float64 if how == "float64" else _F32
+    inputs = [v.astype(dtype, copy=False) for v in (data, weight) + (() if bias is None or how == "bias apart"
+                                                                      else (bias,))]
     if operation.type == "Conv" and getattr(kernel, "takes_epilogue", False) and dtype == _F32:
         codes = kernel(inputs, epilogue=requantize)[0]
     else:
