@@ -373,7 +373,7 @@ def _expansion_model(seed: int, saturated: bool = False) -> onnx.ModelProto:
 @given(seed=st.integers(0, 10_000), saturated=st.booleans())
 def test_integer_expansion_chain_runs_bit_for_bit(seed, saturated, tmp_path_factory):
     """The quantized expansion -> Clip -> depthwise -> Clip, and the projection after it, run as one kernel on
-    codes (``onnxruntime_chains``), and equal onnxruntime and the ops run one by one (a hook) bit for bit."""
+    codes (``integer_chains``), and equal onnxruntime and the ops run one by one (a hook) bit for bit."""
     from ppqlike.executor import OperationHook
     from ppqlike.executor import chains as chains_module
     tmp_path = tmp_path_factory.mktemp("chain")
@@ -402,7 +402,7 @@ def test_integer_expansion_chain_runs_bit_for_bit(seed, saturated, tmp_path_fact
 
 
 def _chain_codes(operation, graph):
-    from ppqlike.executor.onnxruntime_chains import conv_codes
+    from ppqlike.executor.integer_chains import conv_codes
     from ppqlike.executor.simulation import quantize_inputs
     arguments = quantize_inputs(operation, [None] + [v.value for v in operation.inputs[1:]])
     return conv_codes(operation, arguments, np.array([0.0, 6.0], np.float32))

@@ -4,8 +4,9 @@ alone reads it, with its Relu/Clip (``fusion.expand_chains``), run as one kernel
 * float: ``ops._conv_channels_last.expand_then_depthwise`` on the values,
   each block clipped by its Relu/Clip and fake-quantized by the config after
   it while it is in cache (the simulation of TensorRT-style platforms);
-* integer (both Convs marked for onnxruntime's kernels):
-  ``onnxruntime_chains.expand_then_depthwise_codes`` on the input's codes.
+* integer (both Convs run as integer kernels: onnxruntime's, or requantized by
+  multiplier and shift):
+  ``integer_chains.expand_then_depthwise_codes`` on the input's codes.
 
 Each runner returns the chain's result (and, for the integer one, the grid
 key it lies on), or None when the chain does not apply to these values; the
@@ -19,7 +20,7 @@ import numpy as np
 
 from .fusion import activation_bounds, grid_edges, quantizing_epilogue
 from .integer_codes import integer_codes
-from .onnxruntime_chains import conv_codes, expand_then_depthwise_codes, input_on_grid
+from .integer_chains import conv_codes, expand_then_depthwise_codes, input_on_grid
 from .onnxruntime_kernels import applied_root
 from .ops._conv_channels_last import expand_then_depthwise
 from .ops.conv import conv2d_geometry

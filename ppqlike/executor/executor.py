@@ -10,7 +10,9 @@ Quantization simulation: when an op carries an OperationQuantizationConfig,
 the inputs and outputs whose configs are in an applied state are
 fake-quantized around the kernel (see ``ppqlike.executor.simulation``); ops
 marked for the deployment runtime's integer kernels are computed as those
-kernels compute them (``ppqlike.executor.onnxruntime_kernels``).  Without hooks,
+kernels compute them (``ppqlike.executor.onnxruntime_kernels``), and ops that
+requantize by an integer multiplier and shift (TPU style) on integer codes
+(``ppqlike.executor.requantizing_kernels``).  Without hooks,
 a Relu/Clip runs inside or in place on its producer's result, a zero Pad
 is done by the Convs reading it (``ppqlike.executor.fusion``), and a
 MobileNet expansion runs with the depthwise Conv reading it as one kernel,
@@ -383,8 +385,9 @@ class NumpyExecutor:
     def _run_kernel(self, operation: Operation, kernel: Kernel, arguments: list, argument_grids: tuple = (),
                     epilogue=None, extra_pads: list | None = None, edges=None,
                     as_codes: bool = False) -> tuple[list, bool]:
-        """The op's raw results: its float kernel, or the deployment runtime's integer kernel where marked;
-        and whether they already lie on the output configs' grids (the integer kernel's do).  ``epilogue``:
+        """The op's raw results: its float kernel, or an integer kernel (onnxruntime's where marked, or the
+        integer requantization); and whether they already lie on the output configs' grids (the integer
+        kernels' do, requantized where a config requantizes).  ``epilogue``:
         in-place elementwise work for a float kernel that does it block by block (``takes_epilogue``):
         a fused activation's clip; ``extra_pads``: the padding a folded Pad left to this Conv; ``edges``:
         a fused activation's (``fusion.grid_edges``) the integer kernel clamps to; ``as_codes``: its

@@ -42,8 +42,8 @@ def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = fro
     """Step index of a 1x1 Conv -> (its Relu/Clip's index or None, the index of a Pad of ``folds``
     between or None, the index of the depthwise Conv that alone reads its result, that Conv's
     Relu/Clip's index or None): MobileNet-style expansions, which the executor may run as one kernel
-    (``chains``) so that the expanded activation never goes to memory whole.  Both Convs are marked
-    for onnxruntime's integer kernels or neither is; whether the configs let a chain run as one kernel
+    (``chains``) so that the expanded activation never goes to memory whole.  Both Convs run
+    as integer kernels or neither does; whether the configs let a chain run as one kernel
     is decided when it runs."""
     position = {op.name: i for i, op in enumerate(order)}
     chains = {}
@@ -77,7 +77,7 @@ def expand_chains(order: list, keep: set, partners: dict, folds: frozenset = fro
 
 def chain_projections(order: list, keep: set, chains: dict, partners: dict) -> dict:
     """Step index of a chain's 1x1 Conv -> (the step index of the 1x1 Conv (stride 1, no pads, one group,
-    marked for onnxruntime's integer kernels as the chain's Convs are) that alone reads the chain's result -
+    run as integer kernels as the chain's Convs are) that alone reads the chain's result -
     MobileNet's projection -, that Conv's Relu/Clip's index or None), for the chains that have one: a float
     chain may then run it too, its input never going to memory whole."""
     position = {op.name: i for i, op in enumerate(order)}
@@ -107,7 +107,7 @@ def _pointwise_weight(operation: Operation, integer: bool = False):
 
 def _conv_weight(operation: Operation, integer: bool = False):
     """The 4-D weight of a 2-D Conv with explicit pads and parameter weight and bias, marked for
-    onnxruntime's integer kernels or not as ``integer`` says, or None."""
+    integer kernels (``requantizing_kernels.wants_integer_kernel``) or not as ``integer`` says, or None."""
     if operation.type != "Conv" or wants_integer_kernel(operation) != integer or len(operation.outputs) != 1 \
             or operation.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") \
             or len(operation.inputs) < 2 or operation.inputs[1] is None or not operation.inputs[1].is_parameter:

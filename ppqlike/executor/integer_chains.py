@@ -1,7 +1,9 @@
-"""An expansion chain of onnxruntime integer kernels run as one kernel, on codes.
+"""An expansion chain of integer kernels run as one kernel, on codes.
 
-A quantized MobileNet block's 1x1 expansion (QLinearConv, its Relu/Clip folded
-into the quantization range) and the depthwise QLinearConv reading it run as
+A quantized MobileNet block's 1x1 expansion (its Relu/Clip folded into the
+quantization range) and the depthwise conv reading it - onnxruntime's
+QLinearConvs, or convs requantized by an integer multiplier and shift (TPU
+style, ``requantizing_kernels``) - run as
 ``ops._conv_channels_last.expand_then_depthwise`` runs the float pair, a group
 of images at a time: the GEMM on the input's codes, the requantization of each
 block while it is in cache (``requantize_block``), the depthwise convolution on
@@ -10,11 +12,11 @@ accumulator nor its codes - never goes to memory whole.  The result is the
 second conv's codes (``integer_codes.Codes``).
 
 Equal bit for bit to the two integer kernels run one after the other
-(``onnxruntime_kernels``): every partial sum of the products is an integer
-below 2^24, exact in float32 in any order (a conv whose sums may not be is not
-chained), a bias too wide for that is added after them as the unchained kernel
-adds it ("bias apart"), and the requantization is the same elementwise float32
-arithmetic.  Reads configs; writes nothing.
+(``onnxruntime_kernels``, ``requantizing_kernels``): every partial sum of the
+products is an integer below 2^24, exact in float32 in any order (a conv whose
+sums may not be is not chained), a bias too wide for that is added after them
+as the unchained kernel adds it ("bias apart"), and the requantization is the
+same elementwise arithmetic.  Reads configs; writes nothing.
 """
 
 from __future__ import annotations
@@ -56,9 +58,10 @@ class ConvCodes:
 
 
 def conv_codes(operation: Operation, arguments: list, edges: np.ndarray | None) -> ConvCodes | None:
-    """``ConvCodes`` of a Conv marked for onnxruntime's kernel, from its weight and bias after their
-    input configs (``arguments[1:]``); ``edges``: a fused Relu/Clip's (``fusion.grid_edges``).  None
-    when the chain cannot compute it exactly in float32 (then the ops run one by one)."""
+    """``ConvCodes`` of a Conv run as an integer kernel (``requantizing_kernels.wants_integer_kernel``), from
+    its weight and bias after their input configs (``arguments[1:]``); ``edges``: a fused Relu/Clip's
+    (``fusion.grid_edges``).  None when the chain cannot compute it exactly in float32 (then the ops run one
+    by one)."""
     if wants_requantizing_kernel(operation):
         return _requantizing_codes(operation, arguments, edges)
     gate = integer_configs(operation)
