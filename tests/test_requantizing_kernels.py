@@ -66,8 +66,9 @@ def test_requantize_equals_the_int64_formula(seed, ratio_exponent, largest, poli
     bias = rng.integers(-2 ** 20, 2 ** 20, channels)
     if with_ties:
         bias[0] = 0   # keeps t = odd / 2
+    float32_sums = largest < 2 ** 23 and not dead   # the accumulators come as float32
     requantize = requantization_of(config, bounds, bias, (float(low), float(high)) if clamped else None,
-                                   bias_apart=bias_apart)
+                                   bias_apart=bias_apart, float32_sums=float32_sums)
     if dead:
         assert 3 in requantize.exact
     if ratio_exponent > -14 or largest < 2 ** 10:   # shift + 8 <= 53, or |acc| * M0 < 2^53: float64 alone
@@ -115,6 +116,52 @@ def test_dead_channels_take_int64_only_where_a_rounding_boundary_is_within_reach
     low, high = (-128, 127) if clamp is None else clamp
     np.testing.assert_array_equal(got, numerics.requantize(acc + bias, multiplier, shift, 0, int(low), int(high),
                                                            RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO, channel_axis=1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), ratio_exponent=st.integers(-13, -2), bias_apart=st.booleans(),
+       policy=st.sampled_from([RoundingPolicy.ROUND_HALF_EVEN, RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO,
+                               RoundingPolicy.ROUND_HALF_UP]),
+       clamp=st.sampled_from([(-128.0, 127.0), (0.0, 127.0), (0.0, 30.0)]), power_of_two=st.booleans())
+def test_float32_requantization_is_proven_only_where_every_accumulator_agrees(seed, ratio_exponent, bias_apart,
+                                                                               policy, clamp, power_of_two):
+    """``float32_ratios``: every channel it proves gives the int64 formula's code for every reachable P (all
+    of them tried here), in the float32 computation ``Requantize`` runs; channels it does not prove exist
+    (the proof is not vacuous)."""
+    from ppqlike.executor.float32_requantization import _float32_codes, float32_ratios
+    rng = np.random.default_rng(seed)
+    channels = 24
+    ratios = 2.0 ** ratio_exponent * rng.uniform(0.5, 1.0, channels)
+    if power_of_two:
+        ratios[:4] = 2.0 ** ratio_exponent   # ties in range
+    multiplier, shift = numerics.scale_to_multiplier_shift(ratios)
+    bounds = rng.integers(1, 2 ** 12, channels).astype(np.float64)
+    bias = rng.integers(-2 ** 14, 2 ** 14, channels).astype(np.float64)
+    low, high = clamp
+    chosen, offset, proven = float32_ratios(multiplier, shift, bounds, bias, low, high, policy, bias_apart)
+    products = np.arange(-2 ** 12, 2 ** 12 + 1, dtype=np.int64)
+    for channel in np.flatnonzero(proven):
+        reachable = products[np.abs(products) <= bounds[channel]]
+        exact = numerics.requantize(reachable + int(bias[channel]), int(multiplier[channel]), int(shift[channel]), 0,
+                                    int(low), int(high), policy)
+        source = (reachable if bias_apart else reachable + int(bias[channel])).astype(np.float32)[None, :]
+        codes = _float32_codes(source, chosen[channel:channel + 1],
+                               None if offset is None else offset[channel:channel + 1], low, high)
+        np.testing.assert_array_equal(codes[0], exact.astype(np.float32))
+    note = (int(proven.sum()), channels)
+    assert proven.any() or ratio_exponent < -10, note
+
+
+def test_float32_requantization_leaves_some_channels_to_float64():
+    """Small ratios (many accumulators per code) over a wide range: float32's 24 bits do not reach some
+    channels' boundaries, which the proof then leaves to float64."""
+    from ppqlike.executor.float32_requantization import float32_ratios
+    rng = np.random.default_rng(0)
+    ratios = 2.0 ** -14 * rng.uniform(0.5, 1.0, 64)
+    multiplier, shift = numerics.scale_to_multiplier_shift(ratios)
+    _, _, proven = float32_ratios(multiplier, shift, np.full(64, 2.0 ** 22), np.zeros(64), -128.0, 127.0,
+                                  RoundingPolicy.ROUND_HALF_EVEN, False)
+    assert 0 < proven.sum() < 64
 
 
 def _wide_model(seed: int) -> onnx.ModelProto:

@@ -110,7 +110,8 @@ def _requantizing_codes(operation: Operation, arguments: list, edges: np.ndarray
     if how == "float64":
         return None
     clamp = None if edges is None else clamp_codes(output, edges)
-    requantize = requantization_of(output, products, bias, clamp, bias_apart=how == "bias apart")
+    requantize = requantization_of(output, products, bias, clamp, bias_apart=how == "bias apart",
+                                   float32_sums=True)
     if requantize is None or requantize.channels != weight.shape[0]:
         return None
     bias = None if bias is None or how == "bias apart" else \

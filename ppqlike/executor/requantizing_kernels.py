@@ -38,6 +38,8 @@ from .integer_codes import (Codes, bias_codes, code_bound, dequantize_codes, int
                             per_tensor, zero_point)
 from .onnxruntime_kernels import (EXACT_F32, applied_root, clamp_codes, parameter_value, product_bounds,
                                   wants_runtime_kernel)
+from .float32_requantization import float32_ratios
+from .ops._prepared import prepared
 from .ops._threads import parallel_over
 from .simulation import grid_key
 
@@ -71,11 +73,12 @@ class Requantize:
     per_channel = True   # conv kernels hand it blocks with the channels along the last axis
 
     def __init__(self, output: TensorQuantizationConfig, ratio: np.ndarray, exact: np.ndarray, low: float,
-                 high: float, bias: np.ndarray | None = None):
+                 high: float, bias: np.ndarray | None = None, in_float32: tuple | None = None):
         facts = output.requantization
         self.channels = ratio.size
         self.ratio, self.exact, self.low, self.high = ratio, exact, _F32(low), _F32(high)
         self.bias = bias   # float64 integers per channel added to the accumulators first ("bias apart"), or None
+        self.in_float32 = in_float32   # (float32 ratios, bias terms or None) proven exact for every channel
         self._tiled = {}   # (the ratios, the bias) repeated along rows of several pixels, by their count
         self.rounding = output.rounding
         reach = max(abs(output.quant_min - zero_point(output)), abs(output.quant_max - zero_point(output))) + 1
@@ -97,13 +100,20 @@ class Requantize:
     def _factors(self, repeat: int) -> tuple:
         factors = self._tiled.get(repeat)
         if factors is None:
-            factors = self._tiled[repeat] = (np.tile(self.ratio, repeat),
-                                             None if self.bias is None else np.tile(self.bias, repeat))
+            ratio, bias = self.in_float32 if self.in_float32 is not None else (self.ratio, self.bias)
+            factors = self._tiled[repeat] = (np.tile(ratio, repeat), None if bias is None else np.tile(bias, repeat))
         return factors
 
     def _requantize(self, block: np.ndarray, target: np.ndarray) -> None:
         repeat = block.shape[-1] // self.channels   # pixels along the last axis
         ratio, bias = self._factors(repeat)
+        if self.in_float32 is not None and block.dtype == _F32:   # float32_requantization proved it exact
+            np.multiply(block, ratio, out=target)
+            if bias is not None:
+                np.add(target, bias, out=target)
+            np.rint(target, out=target)
+            target.clip(self.low, self.high, out=target)
+            return
         held = None
         if self.exact.size:   # read before the block is overwritten
             held = block.reshape(block.shape[:-1] + (repeat, self.channels))[..., self.exact].astype(np.int64)
@@ -144,16 +154,18 @@ def _per_channel(values, channels: int) -> np.ndarray:
 
 
 def requantization_of(output: TensorQuantizationConfig, products: np.ndarray, bias: np.ndarray | None,
-                      clamp: tuple | None, bias_apart: bool = False) -> Requantize | None:
+                      clamp: tuple | None, bias_apart: bool = False, float32_sums: bool = False) -> Requantize | None:
     """``Requantize`` of ``output``'s requantization for accumulators acc = P + B: |P| bounded per output
     channel by ``products``, B the ``bias`` codes (or none), clamped to ``clamp`` (codes; None: the output's
-    range); ``bias_apart``: the accumulators come without B, which ``Requantize`` adds.  None when the channel
-    counts disagree.
+    range); ``bias_apart``: the accumulators come without B, which ``Requantize`` adds; ``float32_sums``: they
+    come as float32 (then where ``float32_requantization`` proves float32 exact for every channel, it runs in
+    float32).  None when the channel counts disagree.
 
     A channel whose float64 t may round wrongly (see the module) is computed on int64 unless every t it can
     take, (B +- max|P|) * M0 * 2^-shift, rounds (nearest) to one code or lies beyond the clamp: a dead
     channel (a tiny weight scale: a long shift, a wide bias) usually does."""
     facts = output.requantization
+    original_products, original_bias = products, bias   # the kept proof's keys (constant: ``ops._prepared``)
     products = np.asarray(products, np.float64).reshape(-1)
     bias = np.zeros(1) if bias is None else np.asarray(bias, np.float64).reshape(-1)
     if not facts.per_channel:
@@ -181,7 +193,17 @@ def requantization_of(output: TensorQuantizationConfig, products: np.ndarray, bi
         lowest, highest = center - spread - margin, center + spread + margin
         one_code = np.floor(lowest + 0.5) == np.floor(highest + 0.5)   # no half integer in (lowest, highest]
         exact &= ~(one_code | (highest < low - 0.5) | (lowest > high + 0.5))
-    return Requantize(output, ratio, np.flatnonzero(exact), low, high, bias.copy() if bias_apart else None)
+    in_float32 = None
+    if float32_sums and output.rounding in NEAREST_POLICIES and float(products.max(initial=0.0)) < EXACT_F32:
+        key = ("float32 requantization", facts.multiplier, facts.right_shift, low, high, output.rounding, bias_apart,
+               channels)
+        ratios, offsets, proven = prepared(
+            lambda: float32_ratios(multipliers, shifts, products, bias.astype(np.float64), low, high,
+                                   output.rounding, bias_apart), key, (original_products, original_bias))
+        if proven.all():
+            in_float32 = ratios, offsets
+    return Requantize(output, ratio, np.flatnonzero(exact), low, high, bias.copy() if bias_apart else None,
+                      in_float32)
 
 
 def requantizing_configs(operation: Operation) -> tuple | None:
@@ -258,7 +280,8 @@ def run_requantizing_kernel(operation: Operation, kernel, arguments: Sequence, a
     weight, bias, products, totals = parts
     how = summation(data, weight, products, totals)
     clamp = None if clamp_to is None else clamp_codes(output, clamp_to)
-    requantize = requantization_of(output, products, bias, clamp, bias_apart=how == "bias apart")
+    requantize = requantization_of(output, products, bias, clamp, bias_apart=how == "bias apart",
+                                   float32_sums=how != "float64")
     if requantize is None:
         return None
     dtype = np.float64 if how == "float64" else _F32
