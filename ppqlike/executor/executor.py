@@ -23,7 +23,7 @@ kernel clips and fake-quantizes its result block by block
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activate_
                      clip_epilogue, configs_let_fuse, fusable, grid_edges, moves_grid, quantizing_epilogue,
                      requantizes_onto, run_on_codes)
 from .chains import output_grid, run_float_chain, run_integer_chain
+from .inputs import named_inputs
 from .integer_codes import Codes, values_hold_codes, values_of
 from .memory import keep_freed_memory
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
@@ -122,47 +123,9 @@ class NumpyExecutor:
 
     # ---------------------------------------------------------- execution --
     def prepare_inputs(self, inputs: Any) -> dict[str, np.ndarray]:
-        """Turn ``inputs`` (a mapping, a list in graph-input order, or one array) into named arrays.
-
-        Arrays are converted to each input's declared dtype; a missing input or
-        a rank that differs from the declared one is an ExecutionError.
-        """
-        graph = self.graph
-        if isinstance(inputs, Mapping):
-            named = dict(inputs)
-        elif isinstance(inputs, np.ndarray) or np.isscalar(inputs):
-            if len(graph.inputs) != 1:
-                raise ExecutionError(
-                    f"graph {graph.name!r} has {len(graph.inputs)} inputs "
-                    f"({[v.name for v in graph.inputs]}); pass a dict of name -> array")
-            named = {graph.inputs[0].name: inputs}
-        else:
-            arrays = list(inputs)
-            if len(arrays) != len(graph.inputs):
-                raise ExecutionError(f"graph {graph.name!r} expects {len(graph.inputs)} inputs, got {len(arrays)}")
-            named = {v.name: a for v, a in zip(graph.inputs, arrays)}
-        unknown = set(named) - {v.name for v in graph.inputs}
-        if unknown:
-            raise ExecutionError(f"graph {graph.name!r} has no input named {sorted(unknown)}; "
-                                 f"its inputs are {[v.name for v in graph.inputs]}")
-        prepared = {}
-        for variable in graph.inputs:
-            if variable.name not in named:
-                continue
-            array = np.asarray(named[variable.name])
-            if variable.dtype is not None and array.dtype != variable.dtype:
-                array = array.astype(variable.dtype)
-            if variable.shape is not None and array.ndim != len(variable.shape):
-                raise ExecutionError(
-                    f"input {variable.name!r} of graph {graph.name!r} must have rank {len(variable.shape)} "
-                    f"(shape {variable.shape}), got an array of shape {list(array.shape)}")
-            for declared, actual in zip(variable.shape or (), array.shape):
-                if isinstance(declared, int) and declared > 0 and declared != actual:
-                    raise ExecutionError(
-                        f"input {variable.name!r} of graph {graph.name!r} must have shape {variable.shape}, "
-                        f"got {list(array.shape)}")
-            prepared[variable.name] = array
-        return prepared
+        """Turn ``inputs`` (a mapping, a list in graph-input order, or one array) into named arrays
+        (``inputs.named_inputs``: declared dtypes, checked ranks and shapes)."""
+        return named_inputs(self.graph, inputs)
 
     def forward(self, inputs: Any, output_names: Sequence[str] | None = None,
                 hooks: Sequence[OperationHook] = ()) -> list[np.ndarray]:
