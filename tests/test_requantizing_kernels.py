@@ -164,6 +164,34 @@ def test_float32_requantization_leaves_some_channels_to_float64():
     assert 0 < proven.sum() < 64
 
 
+@pytest.mark.parametrize("bias_apart", [False, True])
+def test_mixed_requantization_of_a_few_unproven_channels(bias_apart, monkeypatch):
+    """An op with some channels float32 cannot be proven for: float32 for the block, float64 for those
+    channels' columns; equal to the int64 formula at every accumulator next to a rounding boundary (where
+    float32 goes wrong in the unproven channels) and at random ones, on rows of several pixels."""
+    monkeypatch.setattr(requantizing_kernels, "_MIXED_SHARE", 0.5)
+    rng = np.random.default_rng(0)
+    channels = 64
+    multiplier, shift = numerics.scale_to_multiplier_shift(2.0 ** -10 * rng.uniform(0.5, 1.0, channels))
+    config = _output_config(multiplier, shift, RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO, (-128, 127, 0))
+    bounds = np.full(channels, 2.0 ** 18)
+    bias = rng.integers(-2 ** 10, 2 ** 10, channels)
+    requantize = requantization_of(config, bounds, bias, None, bias_apart=bias_apart, float32_sums=True)
+    assert requantize.in_float32 is not None and requantize.rest is not None
+    assert 0 < requantize.rest[0].size < channels // 2
+    ratio = multiplier / 2.0 ** shift
+    halves = np.arange(-128.5, 128.0)
+    near = np.floor(halves[:, None] / ratio[None, :] - bias)[:, None, :] + np.arange(-1, 3)[None, :, None]
+    products = np.concatenate([near.reshape(-1, channels), rng.integers(-2 ** 18, 2 ** 18, (40, channels))])
+    products = np.clip(products, -2 ** 18, 2 ** 18).astype(np.int64)[:1040]   # rows of 8 pixels below
+    expected = numerics.requantize(products + bias, multiplier, shift, 0, -128, 127,
+                                   RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO, channel_axis=1)
+    values = (products if bias_apart else products + bias).astype(np.float32).reshape(130, 8 * channels)
+    got = np.empty_like(values)
+    requantize(values, got)
+    np.testing.assert_array_equal(got.reshape(-1, channels), expected.astype(np.float32))
+
+
 def _wide_model(seed: int) -> onnx.ModelProto:
     """A 1x1 Conv over 1200 channels (partial sums past 2^24: summed in float64) with a dead output
     channel (a tiny weight: a long shift), a Relu, then a 3x3 Conv with a bias."""

@@ -33,7 +33,7 @@ from ..core import numerics
 from ..core.ir import Operation
 from ..core.quant import TensorQuantizationConfig
 from ..core.quant_graph import quantizes
-from ..core.rounding import NEAREST_POLICIES, round_into
+from ..core.rounding import NEAREST_POLICIES, RoundingPolicy, round_into
 from .integer_codes import (Codes, bias_codes, code_bound, dequantize_codes, integer_codes, largest_magnitude,
                             per_tensor, zero_point)
 from .onnxruntime_kernels import (EXACT_F32, applied_root, clamp_codes, parameter_value, product_bounds,
@@ -48,6 +48,8 @@ EXACT_F64 = 2.0 ** 53    # integers up to here are exact in float64
 _F32 = np.float32
 _ROWS_BLOCK = 1 << 16    # elements per block when a whole accumulator is requantized after its kernel
 _PIECE = 1 << 18         # elements requantized at a time: with their float64 copy, well inside L2
+_MIXED_SHARE = 0.05      # at most this share of unproven channels: float32 for the block, float64 for their
+                         # columns (gathered and scattered back: about 0.25 ns an element for each 1% of them)
 
 
 def wants_requantizing_kernel(operation: Operation) -> bool:
@@ -68,23 +70,25 @@ class Requantize:
     """The requantization of one op's accumulators to codes q - Z, as an epilogue: ``requantize(block,
     out=None)`` works on a block whose last axis holds whole pixels of the op's channels (in place, or into
     ``out`` of the same shape); float32 or float64 integers in, float32 codes out.  Made by
-    ``requantization_of``; thread-safe (no state changes after it is made)."""
+    ``requantization_of``; thread-safe (no state changes after it is made).
+
+    Three ways, per channel: float32 where ``float32_requantization`` proved it exact (``in_float32``: the
+    float32 ratios and bias terms), float64 (t = fl64(acc * M0 * 2^-shift), see the module), int64 for the
+    ``exact`` channels.  An op with a few unproven channels takes float32 for the block and float64 for
+    those channels' columns (``rest``: their indices and their own ``Requantize``)."""
 
     per_channel = True   # conv kernels hand it blocks with the channels along the last axis
 
-    def __init__(self, output: TensorQuantizationConfig, ratio: np.ndarray, exact: np.ndarray, low: float,
-                 high: float, bias: np.ndarray | None = None, in_float32: tuple | None = None):
-        facts = output.requantization
-        self.channels = ratio.size
-        self.ratio, self.exact, self.low, self.high = ratio, exact, _F32(low), _F32(high)
+    def __init__(self, rounding: RoundingPolicy, by_rint: bool, multipliers: np.ndarray, shifts: np.ndarray,
+                 exact: np.ndarray, low: float, high: float, bias: np.ndarray | None = None,
+                 in_float32: tuple | None = None, rest: tuple | None = None):
+        self.channels, self.rounding, self.by_rint = multipliers.size, rounding, by_rint
+        self.multipliers, self.shifts = multipliers, shifts
+        self.ratio = np.ldexp(multipliers.astype(np.float64), -shifts)
+        self.exact, self.low, self.high = exact, _F32(low), _F32(high)
         self.bias = bias   # float64 integers per channel added to the accumulators first ("bias apart"), or None
-        self.in_float32 = in_float32   # (float32 ratios, bias terms or None) proven exact for every channel
+        self.in_float32, self.rest = in_float32, rest
         self._tiled = {}   # (the ratios, the bias) repeated along rows of several pixels, by their count
-        self.rounding = output.rounding
-        reach = max(abs(output.quant_min - zero_point(output)), abs(output.quant_max - zero_point(output))) + 1
-        self.by_rint = output.rounding in NEAREST_POLICIES and not facts.ties_possible(reach)
-        self.multipliers = _per_channel(facts.multiplier, self.channels)
-        self.shifts = _per_channel(facts.right_shift, self.channels)
 
     def __call__(self, block: np.ndarray, out: np.ndarray | None = None) -> None:
         target = block if out is None else out
@@ -107,13 +111,27 @@ class Requantize:
     def _requantize(self, block: np.ndarray, target: np.ndarray) -> None:
         repeat = block.shape[-1] // self.channels   # pixels along the last axis
         ratio, bias = self._factors(repeat)
-        if self.in_float32 is not None and block.dtype == _F32:   # float32_requantization proved it exact
-            np.multiply(block, ratio, out=target)
-            if bias is not None:
-                np.add(target, bias, out=target)
-            np.rint(target, out=target)
-            target.clip(self.low, self.high, out=target)
-            return
+        if self.in_float32 is not None and block.dtype == _F32:
+            self._in_float32(block, target, repeat, ratio, bias)
+        else:
+            self._in_float64(block, target, repeat, ratio, bias)
+
+    def _in_float32(self, block: np.ndarray, target: np.ndarray, repeat: int, ratio, bias) -> None:
+        held = None
+        if self.rest is not None:   # the unproven channels' columns, read before the block is overwritten
+            index, rest = self.rest
+            held = block.reshape(block.shape[:-1] + (repeat, self.channels))[..., index]
+        np.multiply(block, ratio, out=target)
+        if bias is not None:
+            np.add(target, bias, out=target)
+        np.rint(target, out=target)
+        target.clip(self.low, self.high, out=target)
+        if held is not None:   # (numpy lays a gather along the last axis out channel-major: made C-ordered)
+            columns = np.ascontiguousarray(held).reshape(held.shape[:-2] + (-1,))   # rows of ``repeat`` pixels
+            rest(columns)
+            target.reshape(target.shape[:-1] + (repeat, self.channels))[..., index] = columns.reshape(held.shape)
+
+    def _in_float64(self, block: np.ndarray, target: np.ndarray, repeat: int, ratio, bias) -> None:
         held = None
         if self.exact.size:   # read before the block is overwritten
             held = block.reshape(block.shape[:-1] + (repeat, self.channels))[..., self.exact].astype(np.int64)
@@ -193,17 +211,26 @@ def requantization_of(output: TensorQuantizationConfig, products: np.ndarray, bi
         lowest, highest = center - spread - margin, center + spread + margin
         one_code = np.floor(lowest + 0.5) == np.floor(highest + 0.5)   # no half integer in (lowest, highest]
         exact &= ~(one_code | (highest < low - 0.5) | (lowest > high + 0.5))
-    in_float32 = None
-    if float32_sums and output.rounding in NEAREST_POLICIES and float(products.max(initial=0.0)) < EXACT_F32:
-        key = ("float32 requantization", facts.multiplier, facts.right_shift, low, high, output.rounding, bias_apart,
-               channels)
-        ratios, offsets, proven = prepared(
-            lambda: float32_ratios(multipliers, shifts, products, bias.astype(np.float64), low, high,
-                                   output.rounding, bias_apart), key, (original_products, original_bias))
-        if proven.all():
-            in_float32 = ratios, offsets
-    return Requantize(output, ratio, np.flatnonzero(exact), low, high, bias.copy() if bias_apart else None,
-                      in_float32)
+    by_rint = output.rounding in NEAREST_POLICIES and not facts.ties_possible(reach)
+    apart = bias.copy() if bias_apart else None
+    float64 = Requantize(output.rounding, by_rint, multipliers, shifts, np.flatnonzero(exact), low, high, apart)
+    if not (float32_sums and output.rounding in NEAREST_POLICIES and float(products.max(initial=0.0)) < EXACT_F32):
+        return float64
+    key = ("float32 requantization", facts.multiplier, facts.right_shift, low, high, output.rounding, bias_apart,
+           channels)
+    ratios, offsets, proven = prepared(
+        lambda: float32_ratios(multipliers, shifts, products, bias.astype(np.float64), low, high, output.rounding,
+                               bias_apart), key, (original_products, original_bias))
+    unproven = np.flatnonzero(~proven)
+    if unproven.size > _MIXED_SHARE * channels:
+        return float64
+    rest = None
+    if unproven.size:   # their columns in float64 (int64 where exact): a Requantize of their own
+        rest = unproven, Requantize(output.rounding, by_rint, multipliers[unproven], shifts[unproven],
+                                    np.flatnonzero(exact[unproven]), low, high,
+                                    None if apart is None else apart[unproven])
+    return Requantize(output.rounding, by_rint, multipliers, shifts, np.flatnonzero(exact), low, high, apart,
+                      (ratios, offsets), rest)
 
 
 def requantizing_configs(operation: Operation) -> tuple | None:
