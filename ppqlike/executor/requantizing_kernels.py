@@ -126,10 +126,9 @@ class Requantize:
             np.add(target, bias, out=target)
         np.rint(target, out=target)
         target.clip(self.low, self.high, out=target)
-        if held is not None:   # (numpy lays a gather along the last axis out channel-major: made C-ordered)
-            columns = np.ascontiguousarray(held).reshape(held.shape[:-2] + (-1,))   # rows of ``repeat`` pixels
-            rest(columns)
-            target.reshape(target.shape[:-1] + (repeat, self.channels))[..., index] = columns.reshape(held.shape)
+        if held is not None:   # [..., repeat, those channels] (a gather: numpy lays it out channel-major)
+            rest(held)
+            target.reshape(target.shape[:-1] + (repeat, self.channels))[..., index] = held
 
     def _in_float64(self, block: np.ndarray, target: np.ndarray, repeat: int, ratio, bias) -> None:
         held = None
