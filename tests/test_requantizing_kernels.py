@@ -40,7 +40,7 @@ def _output_config(multiplier, shift, policy, grid) -> TensorQuantizationConfig:
 @given(seed=st.integers(0, 2 ** 31), ratio_exponent=st.integers(-20, -3), largest=st.sampled_from([300, 2 ** 23]),
        policy=st.sampled_from(list(RoundingPolicy)),
        grid=st.sampled_from([(-128, 127, 0), (0, 255, 128), (-127, 127, 0)]),
-       layout=st.sampled_from(["pixel rows", "channels first", "whole"]), clamped=st.booleans(),
+       layout=st.sampled_from(["pixel rows", "channels first", "channels_first()", "whole"]), clamped=st.booleans(),
        dead=st.booleans(), with_ties=st.booleans(), bias_apart=st.booleans())
 def test_requantize_equals_the_int64_formula(seed, ratio_exponent, largest, policy, grid, layout, clamped, dead,
                                              with_ties, bias_apart):
@@ -91,6 +91,11 @@ def test_requantize_equals_the_int64_formula(seed, ratio_exponent, largest, poli
         first = np.ascontiguousarray(np.moveaxis(values, 3, 1))
         got = np.empty(first.shape, np.float32)
         requantize(np.moveaxis(first, 1, -1), np.moveaxis(got, 1, -1))
+        got = np.moveaxis(got, 1, -1)
+    elif layout == "channels_first()":   # NCHW in place, as the conv kernels hand it over
+        got = np.ascontiguousarray(np.moveaxis(values, 3, 1)).astype(np.float32 if values.dtype == np.float32
+                                                                       else np.float64)
+        requantize.channels_first(got)
         got = np.moveaxis(got, 1, -1)
     else:
         got = requantize.whole(np.moveaxis(values, 3, 1), 1)
@@ -190,6 +195,9 @@ def test_mixed_requantization_of_a_few_unproven_channels(bias_apart, monkeypatch
     got = np.empty_like(values)
     requantize(values, got)
     np.testing.assert_array_equal(got.reshape(-1, channels), expected.astype(np.float32))
+    first = np.ascontiguousarray(values.reshape(130, 8, channels).transpose(0, 2, 1))   # [images, channels, pixels]
+    requantize.channels_first(first)
+    np.testing.assert_array_equal(first.transpose(0, 2, 1).reshape(-1, channels), expected.astype(np.float32))
 
 
 def _wide_model(seed: int) -> onnx.ModelProto:

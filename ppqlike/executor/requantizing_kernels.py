@@ -101,6 +101,28 @@ class Requantize:
             for start in range(0, block.shape[0], step):
                 self(block[start:start + step], target[start:start + step])
 
+    def channels_first(self, block: np.ndarray) -> None:
+        """The same, in place, on a block whose channels lie along axis 1 (an NCHW conv result, or a chunk of
+        images of it): the factors broadcast along the positions, whose rows stay contiguous."""
+        in_float32 = self.in_float32 is not None and block.dtype == _F32
+        if (self.exact.size and not in_float32) or block.ndim < 2 or block.shape[1] != self.channels:
+            self(np.moveaxis(block, 1, -1))   # the channels last, as a view: the int64 gathers need them there
+            return
+        ratio, bias = self.in_float32 if in_float32 else (self.ratio, self.bias)
+        shape = (self.channels,) + (1,) * (block.ndim - 2)
+        ratio, bias = ratio.reshape(shape), None if bias is None else bias.reshape(shape)
+        step = max(1, _PIECE // max(block[0].size, 1))
+        for start in range(0, block.shape[0], step):
+            piece = block[start:start + step]
+            if not in_float32:
+                self._in_float64(piece, piece, 1, ratio, bias)
+                continue
+            held = None if self.rest is None else piece[:, self.rest[0]]   # whole rows of those channels
+            self._float32_passes(piece, piece, ratio, bias)
+            if held is not None:
+                self.rest[1].channels_first(held)
+                piece[:, self.rest[0]] = held
+
     def _factors(self, repeat: int) -> tuple:
         factors = self._tiled.get(repeat)
         if factors is None:
@@ -121,14 +143,18 @@ class Requantize:
         if self.rest is not None:   # the unproven channels' columns, read before the block is overwritten
             index, rest = self.rest
             held = block.reshape(block.shape[:-1] + (repeat, self.channels))[..., index]
+        self._float32_passes(block, target, ratio, bias)
+        if held is not None:   # [..., repeat, those channels] (a gather: numpy lays it out channel-major)
+            rest(held)
+            target.reshape(target.shape[:-1] + (repeat, self.channels))[..., index] = held
+
+    def _float32_passes(self, block: np.ndarray, target: np.ndarray, ratio, bias) -> None:
+        """clamp(rint(fl32(block * ratio) [+ bias])) into ``target``: three or four float32 passes."""
         np.multiply(block, ratio, out=target)
         if bias is not None:
             np.add(target, bias, out=target)
         np.rint(target, out=target)
         target.clip(self.low, self.high, out=target)
-        if held is not None:   # [..., repeat, those channels] (a gather: numpy lays it out channel-major)
-            rest(held)
-            target.reshape(target.shape[:-1] + (repeat, self.channels))[..., index] = held
 
     def _in_float64(self, block: np.ndarray, target: np.ndarray, repeat: int, ratio, bias) -> None:
         held = None

@@ -99,9 +99,12 @@ def _pointwise_images(w2, wa, b, x3, out3, images, dtype):
 
 def finish_channels_first(block: np.ndarray, epilogue) -> None:
     """``epilogue(block)`` on a block whose channels lie along axis 1; an epilogue with ``per_channel`` set
-    (one that reads channels, see ``_conv_channels_last.finish``) sees them along the last axis instead."""
+    (one that reads channels, see ``_conv_channels_last.finish``) does its ``channels_first(block)``."""
     if epilogue is not None:
-        epilogue(np.moveaxis(block, 1, -1) if getattr(epilogue, "per_channel", False) else block)
+        if getattr(epilogue, "per_channel", False):
+            epilogue.channels_first(block)
+        else:
+            epilogue(block)
 
 
 # ---------------------------------------------------------------- depthwise --
