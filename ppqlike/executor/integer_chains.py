@@ -33,8 +33,8 @@ from .onnxruntime_kernels import (EXACT_F32, activation_fused, applied_root, cha
                                   integer_configs, parameter_value, product_bounds, split_bias, wrap_int32)
 from .ops._conv_channels_last import expand_then_depthwise
 from .ops._prepared import prepared
-from .requantizing_kernels import (Requantize, parameter_codes, requantization_of, requantizing_configs, summation,
-                                   wants_requantizing_kernel)
+from .requantizing_kernels import (Requantize, as_dtype, parameter_codes, requantization_of, requantizing_configs,
+                                   summation, wants_requantizing_kernel)
 from .simulation import grid_key, requantized_grid
 
 _F32 = np.float32
@@ -114,8 +114,10 @@ def _requantizing_codes(operation: Operation, arguments: list, edges: np.ndarray
                                    float32_sums=True)
     if requantize is None or requantize.channels != weight.shape[0]:
         return None
-    bias = None if bias is None or how == "bias apart" else \
-        np.broadcast_to(bias.reshape(-1), (weight.shape[0],)).astype(_F32)
+    if bias is not None and (how == "bias apart" or bias.shape != (weight.shape[0],)):
+        bias = None if how == "bias apart" else np.broadcast_to(bias.reshape(-1), (weight.shape[0],)).astype(_F32)
+    elif bias is not None:
+        bias = as_dtype(bias, _F32)   # the same array each forward: the kernels keep their GEMM weights for it
     return ConvCodes(weight, bias, None, np.zeros(0, np.int64), None, requantize.low, requantize.high, output,
                      requantize)
 

@@ -206,7 +206,17 @@ def requantization_of(output: TensorQuantizationConfig, products: np.ndarray, bi
 
     A channel whose float64 t may round wrongly (see the module) is computed on int64 unless every t it can
     take, (B +- max|P|) * M0 * 2^-shift, rounds (nearest) to one code or lies beyond the clamp: a dead
-    channel (a tiny weight scale: a long shift, a wide bias) usually does."""
+    channel (a tiny weight scale: a long shift, a wide bias) usually does.  Kept for constant bounds and
+    bias (``ops._prepared``): made once per op, not every forward."""
+    facts = output.requantization
+    key = ("requantization", facts, output.rounding, output.quant_min, output.quant_max, zero_point(output),
+           None if clamp is None else (float(clamp[0]), float(clamp[1])), bias_apart, float32_sums)
+    return prepared(lambda: _requantization_of(output, products, bias, clamp, bias_apart, float32_sums), key,
+                    (products, bias))
+
+
+def _requantization_of(output: TensorQuantizationConfig, products: np.ndarray, bias: np.ndarray | None,
+                       clamp: tuple | None, bias_apart: bool, float32_sums: bool) -> Requantize | None:
     facts = output.requantization
     original_products, original_bias = products, bias   # the kept proof's keys (constant: ``ops._prepared``)
     products = np.asarray(products, np.float64).reshape(-1)
@@ -311,6 +321,14 @@ def summation(data: np.ndarray, weight: np.ndarray, products: np.ndarray, totals
     return "float64"
 
 
+def as_dtype(codes: np.ndarray, dtype) -> np.ndarray:
+    """``codes`` (a parameter's: constant) in ``dtype``, the same array each forward, so that the kernels'
+    prepared weights (``ops._prepared``) are kept for it."""
+    if codes.dtype == dtype:
+        return codes
+    return prepared(lambda: codes.astype(dtype), ("codes as", np.dtype(dtype).str), (codes,))
+
+
 def run_requantizing_kernel(operation: Operation, kernel, arguments: Sequence, argument_grids: Sequence = (),
                             clamp_to: np.ndarray | None = None, as_codes: bool = False) -> list | None:
     """The op's outputs as the accelerator computes them (see the module), or None where that does not
@@ -337,8 +355,9 @@ def run_requantizing_kernel(operation: Operation, kernel, arguments: Sequence, a
     if requantize is None:
         return None
     dtype = np.float64 if how == "float64" else _F32
-    inputs = [v.astype(dtype, copy=False) for v in (data, weight) + (() if bias is None or how == "bias apart"
-                                                                      else (bias,))]
+    inputs = [data.astype(dtype, copy=False), as_dtype(weight, dtype)]
+    if bias is not None and how != "bias apart":
+        inputs.append(as_dtype(bias, dtype))
     if operation.type == "Conv" and getattr(kernel, "takes_epilogue", False) and dtype == _F32:
         codes = kernel(inputs, epilogue=requantize)[0]
     else:
