@@ -8,15 +8,24 @@ int32 accumulator of the input and weight codes plus the bias codes,
 
 under the config's rounding.  The accumulator is formed by the float kernel on
 the codes: in float32 when every partial sum is an integer below 2^24
-(``onnxruntime_kernels.product_bounds``), else in float64 (below 2^53).  The
-requantization is ``Requantize``: t = fl64(acc * (M0 * 2^-rshift)) rounded, which
-is the integer formula's result in a channel whose shift leaves t's float64
-error below the gap between t and a rounding boundary (rshift + bits(L) <= 53, L
-the reach of the codes, see ``integer_requantization``) or whose accumulators are
-small enough for t to be exact (max|acc| * M0 < 2^53); the other channels are
-computed on int64.  A conv kernel applies it to each block of its result while
+(``onnxruntime_kernels.product_bounds``; a wider bias added apart), else in
+float64 (below 2^53).  The requantization is ``Requantize``, per channel one of:
+
+* float32, clamp(rint(fl32(acc * r))), where ``float32_requantization`` proves it
+  equal to the integer formula for every reachable accumulator (most channels);
+* float64, t = fl64(acc * (M0 * 2^-rshift)) rounded: the integer formula's result
+  in a channel whose shift leaves t's float64 error below the gap between t and a
+  rounding boundary (rshift + bits(L) <= 53, L the reach of the codes, see
+  ``integer_requantization``), or whose accumulators are small enough for t to be
+  exact (max|acc| * M0 < 2^53), or whose reachable t cross no boundary;
+* int64 for the other channels.
+
+An op whose channels are all proven runs in float32; one with a few unproven
+channels runs the block in float32 and their columns in float64 (``_MIXED_SHARE``);
+others in float64.  A conv kernel applies it to each block of its result while
 the block is in cache; a fused Relu/Clip whose output config keeps the grid
-clamps in the same pass (``fusion.grid_edges``).  The result goes on as the codes
+clamps in the same pass (``fusion.grid_edges``).  What it needs per op is made once
+and kept (``ops._prepared``).  The result goes on as the codes
 q - Z (``integer_codes.Codes``) or their values S_y * (q - Z).  Equal to the
 float simulation (``integer_requantization.requantize_output``, which recovers
 acc from the float result) wherever that recovery is exact; where it is not,
