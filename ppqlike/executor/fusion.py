@@ -153,9 +153,11 @@ def requantizes_onto(producer: Operation, activation: Operation) -> bool:
     """Whether ``producer``'s integer requantization puts its result on the grid of the config that quantizes
     its Relu/Clip ``activation``'s input (their roots agree), nothing between: the requantizing kernel may
     then clamp to the activation's ``grid_edges`` and do both."""
+    if not (wants_requantizing_kernel(producer) and passes_through(input_config(activation, 0))):
+        return False
     output = output_config(producer)
-    return wants_requantizing_kernel(producer) and passes_through(input_config(activation, 0)) \
-        and requantized_grid(output) is not None and requantized_grid(output) == grid_key(overlapped_root(output))
+    key = requantized_grid(output)
+    return key is not None and key == grid_key(overlapped_root(output))
 
 
 def fusable(producer: Operation, activation: Operation, value) -> bool:

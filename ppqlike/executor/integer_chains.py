@@ -106,7 +106,7 @@ def _requantizing_codes(operation: Operation, arguments: list, edges: np.ndarray
     if parts is None:
         return None
     weight, bias, products, totals = parts
-    how = summation(weight, weight, products, totals)   # the input codes are float32 integers
+    how = summation(weight.dtype == _F32, products, totals)   # the input codes are float32 integers
     if how == "float64":
         return None
     clamp = None if edges is None else clamp_codes(output, edges)
@@ -114,10 +114,13 @@ def _requantizing_codes(operation: Operation, arguments: list, edges: np.ndarray
                                    float32_sums=True)
     if requantize is None or requantize.channels != weight.shape[0]:
         return None
-    if bias is not None and (how == "bias apart" or bias.shape != (weight.shape[0],)):
-        bias = None if how == "bias apart" else np.broadcast_to(bias.reshape(-1), (weight.shape[0],)).astype(_F32)
-    elif bias is not None:
+    channels = weight.shape[0]
+    if bias is None or how == "bias apart":   # (apart: its Requantize adds it)
+        bias = None
+    elif bias.shape == (channels,):
         bias = as_dtype(bias, _F32)   # the same array each forward: the kernels keep their GEMM weights for it
+    else:
+        bias = np.broadcast_to(bias.reshape(-1), (channels,)).astype(_F32)
     return ConvCodes(weight, bias, None, np.zeros(0, np.int64), None, requantize.low, requantize.high, output,
                      requantize)
 

@@ -86,8 +86,6 @@ class Requantize:
     ``exact`` channels.  An op with a few unproven channels takes float32 for the block and float64 for
     those channels' columns (``rest``: their indices and their own ``Requantize``)."""
 
-    per_channel = True   # conv kernels hand it blocks with the channels along the last axis
-
     def __init__(self, rounding: RoundingPolicy, by_rint: bool, multipliers: np.ndarray, shifts: np.ndarray,
                  exact: np.ndarray, low: float, high: float, bias: np.ndarray | None = None,
                  in_float32: tuple | None = None, rest: tuple | None = None):
@@ -227,7 +225,6 @@ def requantization_of(output: TensorQuantizationConfig, products: np.ndarray, bi
 def _requantization_of(output: TensorQuantizationConfig, products: np.ndarray, bias: np.ndarray | None,
                        clamp: tuple | None, bias_apart: bool, float32_sums: bool) -> Requantize | None:
     facts = output.requantization
-    original_products, original_bias = products, bias   # the kept proof's keys (constant: ``ops._prepared``)
     products = np.asarray(products, np.float64).reshape(-1)
     bias = np.zeros(1) if bias is None else np.asarray(bias, np.float64).reshape(-1)
     if not facts.per_channel:
@@ -260,11 +257,8 @@ def _requantization_of(output: TensorQuantizationConfig, products: np.ndarray, b
     float64 = Requantize(output.rounding, by_rint, multipliers, shifts, np.flatnonzero(exact), low, high, apart)
     if not (float32_sums and output.rounding in NEAREST_POLICIES and float(products.max(initial=0.0)) < EXACT_F32):
         return float64
-    key = ("float32 requantization", facts.multiplier, facts.right_shift, low, high, output.rounding, bias_apart,
-           channels)
-    ratios, offsets, proven = prepared(
-        lambda: float32_ratios(multipliers, shifts, products, bias.astype(np.float64), low, high, output.rounding,
-                               bias_apart), key, (original_products, original_bias))
+    ratios, offsets, proven = float32_ratios(multipliers, shifts, products, bias.astype(np.float64), low, high,
+                                             output.rounding, bias_apart)
     unproven = np.flatnonzero(~proven)
     if unproven.size > _MIXED_SHARE * channels:
         return float64
@@ -318,11 +312,11 @@ def parameter_codes(operation: Operation, arguments: Sequence, configs: list, la
     return weight, bias, products, totals
 
 
-def summation(data: np.ndarray, weight: np.ndarray, products: np.ndarray, totals: np.ndarray) -> str:
+def summation(float32_codes: bool, products: np.ndarray, totals: np.ndarray) -> str:
     """How an accumulator is summed exactly: "float32" (every partial sum an integer below 2^24), "bias
     apart" (the products' partial sums are: those in float32, the bias added in float64 by ``Requantize``)
-    or "float64"."""
-    if data.dtype == _F32 and weight.dtype == _F32:
+    or "float64"; ``float32_codes``: the data and weight codes come as float32."""
+    if float32_codes:
         if float(np.max(totals, initial=0.0)) < EXACT_F32:
             return "float32"
         if float(np.max(products, initial=0.0)) < EXACT_F32:
@@ -357,7 +351,7 @@ def run_requantizing_kernel(operation: Operation, kernel, arguments: Sequence, a
     if parts is None:
         return None
     weight, bias, products, totals = parts
-    how = summation(data, weight, products, totals)
+    how = summation(data.dtype == _F32 and weight.dtype == _F32, products, totals)
     clamp = None if clamp_to is None else clamp_codes(output, clamp_to)
     requantize = requantization_of(output, products, bias, clamp, bias_apart=how == "bias apart",
                                    float32_sums=how != "float64")

@@ -57,8 +57,8 @@ def finish(block: np.ndarray, bias: np.ndarray | None, epilogue) -> None:
     """The end of a block of output, in place, while it is in cache: + ``bias`` (broadcast along the last
     axis), then ``epilogue(block)`` (elementwise work the executor hands the kernel: a fused Relu/Clip;
     None: nothing).  An epilogue also takes ``epilogue(block, out)``: the same work written into ``out``.
-    Every block handed to an epilogue holds whole pixels along its last axis, channels fastest (one whose
-    ``per_channel`` is set relies on that; channels-first blocks reach it through
+    Every block handed to an epilogue holds whole pixels along its last axis, channels fastest (an epilogue
+    that reads channels relies on that; channels-first blocks reach its ``channels_first`` through
     ``_conv_fast.finish_channels_first``)."""
     if bias is not None:
         np.add(block, bias, out=block)

@@ -98,11 +98,12 @@ def _pointwise_images(w2, wa, b, x3, out3, images, dtype):
 
 
 def finish_channels_first(block: np.ndarray, epilogue) -> None:
-    """``epilogue(block)`` on a block whose channels lie along axis 1; an epilogue with ``per_channel`` set
-    (one that reads channels, see ``_conv_channels_last.finish``) does its ``channels_first(block)``."""
+    """``epilogue(block)`` on a block whose channels lie along axis 1; an epilogue that reads channels (see
+    ``_conv_channels_last.finish``) has a ``channels_first(block)`` of its own for such blocks."""
     if epilogue is not None:
-        if getattr(epilogue, "per_channel", False):
-            epilogue.channels_first(block)
+        channels_first = getattr(epilogue, "channels_first", None)
+        if channels_first is not None:
+            channels_first(block)
         else:
             epilogue(block)
 
