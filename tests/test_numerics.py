@@ -213,6 +213,31 @@ def test_fake_quantize_equals_two_step_path(axis_pick, policy, dtype, qrange, se
         np.testing.assert_array_equal(fake, two_step)
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(POLICIES), st.integers(0, 2 ** 31), st.integers(1, 5), st.booleans())
+def test_fake_quantize_on_threads_writes_the_same_bytes(policy, seed, blocks, in_place):
+    """The executor hands the per-tensor path its kernel threads (``map_blocks``): the same blocks, so the
+    same bytes as one thread, zero signs included, for fake_quantize and quantize_codes."""
+    from ppqlike.executor.ops import _threads
+    rng = np.random.default_rng(seed)
+    scale = np.float32(0.125)
+    x = (rng.standard_normal(blocks * (1 << 17) - 7) * 20).astype(np.float32)
+    spots = rng.choice(x.size, 40, replace=False)
+    x[spots[:30]] = (rng.integers(-200, 200, 30) + 0.5).astype(np.float32) * scale   # ties in some blocks
+    x[spots[30:]] = -0.01   # rounds to a zero code
+    _threads.set_num_threads(2)
+    try:
+        serial = fake_quantize(x.copy(), scale, 3, -128, 127, policy)
+        source = x.copy()
+        threaded = fake_quantize(source, scale, 3, -128, 127, policy, out=source if in_place else None,
+                                 map_blocks=_threads.parallel_items)
+        assert threaded.tobytes() == serial.tobytes()
+        codes = quantize_codes(x, scale, 3, -128, 127, policy, map_blocks=_threads.parallel_items)
+        assert codes.tobytes() == quantize_codes(x, scale, 3, -128, 127, policy).tobytes()
+    finally:
+        _threads.set_num_threads(None)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(POLICIES), st.sampled_from([(-128, 127), (0, 255), (-32768, 32767)]),
        st.integers(0, 2 ** 31), st.booleans())

@@ -103,3 +103,32 @@ def test_matmul_result_does_not_depend_on_the_thread_count(a_shape, b_shape):
     np.testing.assert_array_equal(results[0], results[1])
     np.testing.assert_array_equal(results[0], results[2])
     np.testing.assert_allclose(results[0], np.matmul(a, b), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("a_shape,b_shape,dtype", [((4, 197, 384), (384, 96), np.float32),          # row pieces
+                                                   ((4, 6, 197, 64), (4, 6, 64, 197), np.float32),  # batch parts
+                                                   ((2, 3, 64), (2, 64, 5), np.float32),            # one call
+                                                   ((64,), (64, 5), np.float32),                    # 1-D operand
+                                                   ((4, 197, 384), (384, 96), np.float64)])         # after it
+def test_matmul_epilogue_gives_the_bytes_of_the_epilogue_after_it(a_shape, b_shape, dtype):
+    """The epilogue done on each piece of the product as it is made (the kernel threads' pieces) leaves the
+    bytes that doing it on the whole product afterwards does."""
+    from ppqlike.core.numerics import fake_quantizer
+    from ppqlike.executor.ops import _threads, linear
+    quantize = fake_quantizer(np.float32(0.5), 0, -128, 127)
+    pieces = []
+
+    def epilogue(block):
+        pieces.append(block.shape)
+        quantize(block, block)
+    a, b = _data(*a_shape, seed=14).astype(dtype), _data(*b_shape, seed=15).astype(dtype)
+    _threads.set_num_threads(2)
+    try:
+        got = linear.matmul(a, b, epilogue)
+        want = linear.matmul(a, b)
+    finally:
+        _threads.set_num_threads(None)
+    quantize(want, want)
+    assert got.tobytes() == want.tobytes()
+    large = a[..., 0].size * a.shape[-1] * b.shape[-1] >= linear._SPLIT_ABOVE
+    assert len(pieces) == (1 if dtype != np.float32 or not large else linear._ROW_PIECES if b.ndim == 2 else 2)

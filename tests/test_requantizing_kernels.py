@@ -218,6 +218,19 @@ def _wide_model(seed: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
+def _attention_model(seed: int) -> onnx.ModelProto:
+    """A transformer's products, large enough to be cut over the kernel threads: tokens by a weight, then the
+    result by its own transpose (an activation by an activation)."""
+    weight = np.random.default_rng(seed).standard_normal((96, 128)).astype(np.float32) * 0.1
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="linear"),
+             helper.make_node("Transpose", ["m"], ["t"], perm=[0, 2, 1], name="transpose"),
+             helper.make_node("MatMul", ["m", "t"], ["y"], name="scores")]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 256, 96])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 256, 256])],
+                              [numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
 def _three_ways(graph, x, names):
     """(integer kernels, float simulation, hooked) outputs ``names`` of ``graph`` on ``x``."""
     return (NumpyExecutor(graph).forward(x, output_names=names),
@@ -227,10 +240,12 @@ def _three_ways(graph, x, names):
 
 @pytest.mark.parametrize("make,shape,names", [
     (lambda: _model(5), (4, 3, 12, 12), ["r1", "r2", "s", "y"]),
-    (lambda: _wide_model(6), (3, 1200, 5, 5), ["r1", "y"])])
+    (lambda: _wide_model(6), (3, 1200, 5, 5), ["r1", "y"]),
+    (lambda: _attention_model(7), (4, 256, 96), ["m", "y"])])
 def test_tpu_integer_kernels_equal_the_float_simulation(make, shape, names, tmp_path, monkeypatch):
-    """Each requantized op (Conv, depthwise, pointwise, Gemm; float32 and float64 sums, a dead channel on
-    int64) runs on codes and gives the float simulation's values bit for bit; the graph's outputs too."""
+    """Each requantized op (Conv, depthwise, pointwise, Gemm, MatMul; float32 and float64 sums, a dead channel
+    on int64) runs on codes and gives the float simulation's values bit for bit; the graph's outputs too.
+    Conv and MatMul results are requantized block by block inside the kernel, never whole."""
     path = tmp_path / "model.onnx"
     onnx.save(make(), path)
     rng = np.random.default_rng(1)
@@ -246,9 +261,16 @@ def test_tpu_integer_kernels_equal_the_float_simulation(make, shape, names, tmp_
         ran.append((operation.name, result is not None))
         return result
     monkeypatch.setattr("ppqlike.executor.executor.run_requantizing_kernel", spy)
+    whole = []
+    original_whole = requantizing_kernels.Requantize.whole
+    monkeypatch.setattr(requantizing_kernels.Requantize, "whole",
+                        lambda self, accumulator, axis: whole.append(accumulator.shape) or original_whole(
+                            self, accumulator, axis))
     x = rng.standard_normal(shape).astype(np.float32) * 1.5
     plain, in_float, hooked = _three_ways(graph, x, names)
     assert {name for name, done in ran if done} == {op.name for op in requantized}   # none fell back
+    gemms = sum(op.type == "Gemm" for op in requantized)
+    assert len(whole) == 2 * gemms   # a Gemm's accumulator is requantized whole (plain and hooked runs)
     for got, floated, want in zip(plain, in_float, hooked):
         np.testing.assert_array_equal(got, floated)
         np.testing.assert_array_equal(want, floated)

@@ -144,18 +144,20 @@ def dequantize(q, scale, offset, channel_axis: int | None = None) -> np.ndarray:
 
 def fake_quantize(x, scale, offset, quant_min: int, quant_max: int,
                   rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN,
-                  channel_axis: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+                  channel_axis: int | None = None, out: np.ndarray | None = None,
+                  map_blocks=None) -> np.ndarray:
     """dequantize(quantize(x)) in float32, the two-step path's values bit for bit, but for the sign of a
     zero: where x / S rounds to -0.0 a zero code may come out -0.0 (which path runs decides it).
 
     One new array (or ``out``, which may be ``x`` itself), rounded, clamped and
     rescaled in place; a per-tensor float32 one block at a time, so that the
-    passes run in cache.
+    passes run in cache (its blocks through ``map_blocks``, see ``_quantize_flat``).
     """
     qmin, qmax = _check_range(quant_min, quant_max)
     x = np.asarray(x)
     if _blockwise_applies(x, scale, offset, qmin, qmax, channel_axis, out):
-        return _fake_quantize_blocks(x, scale, offset, qmin, qmax, RoundingPolicy.parse(rounding), out)
+        return _fake_quantize_blocks(x, scale, offset, qmin, qmax, RoundingPolicy.parse(rounding), out,
+                                     map_blocks=map_blocks)
     t, s, z = _quantize_float(x, scale, offset, qmin, qmax, rounding, channel_axis)
     if z is not None:
         t -= z  # exact: integers below 2^53 (2^24 in float32)
@@ -173,7 +175,7 @@ def fake_quantize(x, scale, offset, quant_min: int, quant_max: int,
 
 def quantize_codes(x, scale, offset, quant_min: int, quant_max: int,
                    rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN,
-                   channel_axis: int | None = None) -> np.ndarray | None:
+                   channel_axis: int | None = None, map_blocks=None) -> np.ndarray | None:
     """The codes q - Z of a per-tensor float32 quantization as integer-valued float32 (what
     ``fake_quantize`` computes before its last multiplication by S; S * codes is its result, bit for
     bit), block by block; None where ``fake_quantize`` does not take that path."""
@@ -182,7 +184,7 @@ def quantize_codes(x, scale, offset, quant_min: int, quant_max: int,
     if not _blockwise_applies(x, scale, offset, qmin, qmax, channel_axis, None):
         return None
     return _fake_quantize_blocks(x, scale, offset, qmin, qmax, RoundingPolicy.parse(rounding), None,
-                                 dequantize=False)
+                                 dequantize=False, map_blocks=map_blocks)
 
 
 _BLOCK = 1 << 17   # elements per block of the per-tensor path (512 KiB of float32): the passes stay in L2
@@ -200,7 +202,8 @@ def _blockwise_applies(x, scale, offset, qmin, qmax, channel_axis, out) -> bool:
     return True
 
 
-def _fake_quantize_blocks(x, scale, offset, qmin, qmax, rounding, out, dequantize: bool = True) -> np.ndarray:
+def _fake_quantize_blocks(x, scale, offset, qmin, qmax, rounding, out, dequantize: bool = True,
+                          map_blocks=None) -> np.ndarray:
     """The float32 per-tensor fake quantization, block by block, into ``out`` (new when None); without
     ``dequantize``, the codes q - z.
 
@@ -209,7 +212,7 @@ def _fake_quantize_blocks(x, scale, offset, qmin, qmax, rounding, out, dequantiz
     """
     s, low, high = _block_parameters(scale, offset, qmin, qmax)
     result = empty_like_dense(x) if out is None else out
-    _quantize_flat(flat_view(x), flat_view(result), s, low, high, rounding, dequantize)
+    _quantize_flat(flat_view(x), flat_view(result), s, low, high, rounding, dequantize, map_blocks)
     return result
 
 
@@ -223,17 +226,33 @@ def _block_parameters(scale, offset, qmin: int, qmax: int) -> tuple:
     return s, np.float32(qmin - z), np.float32(qmax - z)
 
 
-def _quantize_flat(source: np.ndarray, target: np.ndarray, s, low, high, rounding, dequantize: bool) -> None:
-    """The block loop of the per-tensor path over flat (1-D) ``source`` and ``target`` (may be the same)."""
-    scratch = np.empty(min(_BLOCK, source.size), np.float32)   # x / S, then its distance to rint
-    for start in range(0, source.size, _BLOCK):
+def _quantize_flat(source: np.ndarray, target: np.ndarray, s, low, high, rounding, dequantize: bool,
+                   map_blocks=None) -> None:
+    """The block loop of the per-tensor path over flat (1-D) ``source`` and ``target`` (may be the same).
+
+    ``map_blocks(work, count, scratch)``, when given, runs ``work(index, local)`` for every block index, with
+    ``local`` made by ``scratch()`` once per thread (the executor's kernel threads); the blocks are the same
+    either way, so are the bits."""
+    count = -(-source.size // _BLOCK)
+
+    def scratch():   # x / S, then its distance to rint
+        return np.empty(min(_BLOCK, source.size), np.float32)
+
+    def work(index, local):
+        start = index * _BLOCK
         block = target[start:start + _BLOCK]
-        steps = scratch[:block.size]
+        steps = local[:block.size]
         np.divide(source[start:start + _BLOCK], s, out=steps)
         round_into(steps, block, rounding)
         block.clip(low, high, out=block)
         if dequantize:
             np.multiply(block, s, out=block)
+    if map_blocks is not None and count > 1:
+        map_blocks(work, count, scratch)
+        return
+    local = scratch()
+    for index in range(count):
+        work(index, local)
 
 
 def fake_quantizer(scale, offset, quant_min: int, quant_max: int,

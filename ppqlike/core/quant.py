@@ -304,10 +304,10 @@ class TensorQuantizationConfig(QuantGridBase):
         except QuantizationStateError as exc:
             raise QuantizationStateError(f"{self._who()}: {exc}") from None
 
-    def fake_quantize(self, x, out: np.ndarray | None = None) -> np.ndarray:
+    def fake_quantize(self, x, out: np.ndarray | None = None, map_blocks=None) -> np.ndarray:
         """dequantize(quantize(x)) as float32 with the scale/offset in use (into ``out`` when given;
-        ``out`` may be ``x``)."""
-        return self._call(numerics.fake_quantize, x, **({} if out is None else {"out": out}))
+        ``out`` may be ``x``; ``map_blocks``: see ``numerics.fake_quantize``)."""
+        return self._call(numerics.fake_quantize, x, map_blocks=map_blocks, **({} if out is None else {"out": out}))
 
     def fake_quantize_clipped(self, x, low, high, out: np.ndarray) -> np.ndarray:
         """fake_quantize(clip(x, low, high)) into ``out`` (a Relu/Clip before this per-tensor quantization;
@@ -326,10 +326,10 @@ class TensorQuantizationConfig(QuantGridBase):
         except QuantizationStateError as exc:
             raise QuantizationStateError(f"{self._who()}: {exc}") from None
 
-    def quantize_codes(self, x) -> np.ndarray | None:
+    def quantize_codes(self, x, map_blocks=None) -> np.ndarray | None:
         """q - Z as integer-valued float32 (``numerics.quantize_codes``: S times them is ``fake_quantize(x)``),
         or None where a per-tensor float32 quantization does not apply."""
-        return self._call(numerics.quantize_codes, x)
+        return self._call(numerics.quantize_codes, x, map_blocks=map_blocks)
 
     def quantize(self, x) -> np.ndarray:
         """Integers clamp(round(x / S) + Z) (int32, int64 for wide ranges)."""

@@ -332,6 +332,15 @@ def as_dtype(codes: np.ndarray, dtype) -> np.ndarray:
     return prepared(lambda: codes.astype(dtype), ("codes as", np.dtype(dtype).str), (codes,))
 
 
+def _requantizes_in_blocks(operation: Operation, inputs: list, requantize: Requantize) -> bool:
+    """Whether the kernel may requantize its result block by block: a Conv's blocks say where their channels
+    lie; a MatMul's lie along the last axis, whole in every block (not for 1-D operands)."""
+    if operation.type == "Conv":
+        return True
+    a, b = inputs[0], inputs[1]
+    return operation.type == "MatMul" and a.ndim >= 2 and b.ndim >= 2 and b.shape[-1] % requantize.channels == 0
+
+
 def run_requantizing_kernel(operation: Operation, kernel, arguments: Sequence, argument_grids: Sequence = (),
                             clamp_to: np.ndarray | None = None, as_codes: bool = False) -> list | None:
     """The op's outputs as the accelerator computes them (see the module), or None where that does not
@@ -361,7 +370,8 @@ def run_requantizing_kernel(operation: Operation, kernel, arguments: Sequence, a
     inputs = [data.astype(dtype, copy=False), as_dtype(weight, dtype)]
     if bias is not None and how != "bias apart":
         inputs.append(as_dtype(bias, dtype))
-    if operation.type == "Conv" and getattr(kernel, "takes_epilogue", False) and dtype == _F32:
+    if getattr(kernel, "takes_epilogue", False) and dtype == _F32 and _requantizes_in_blocks(operation, inputs,
+                                                                                          requantize):
         codes = kernel(inputs, epilogue=requantize)[0]
     else:
         accumulator = kernel(inputs)[0]

@@ -31,6 +31,7 @@ from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
 from ..core.rounding import NEAREST_POLICIES
 from .integer_codes import Codes, values_of
 from .integer_requantization import requantize_output
+from .ops._threads import parallel_items
 
 
 def apply_config(config: TensorQuantizationConfig | None, value, in_place: bool = False):
@@ -42,7 +43,7 @@ def apply_config(config: TensorQuantizationConfig | None, value, in_place: bool 
     if is_applied(state):
         if awaits_master(config):
             return value
-        return config.fake_quantize(value, out=value if in_place else None)
+        return config.fake_quantize(value, out=value if in_place else None, map_blocks=parallel_items)
     if is_baked(state) and config.baked_value is not None:
         return config.baked_value
     return value
@@ -164,7 +165,7 @@ def quantize_inputs(operation: Operation, arguments: list, names: tuple = (), gr
             continue
         if as_codes and isinstance(value, np.ndarray) and tqc is not None and is_applied(tqc.state) \
                 and not awaits_master(tqc):
-            codes = tqc.quantize_codes(value)
+            codes = tqc.quantize_codes(value, map_blocks=parallel_items)
             if codes is not None:
                 quantized[index] = Codes(codes, tqc)
                 continue

@@ -18,35 +18,49 @@ _ROW_PIECES = 8           # a large product by a matrix is cut into this many ro
                           # thread count, since OpenBLAS's sums depend on the cuts and results must not
 
 
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray, epilogue=None) -> np.ndarray:
     """``np.matmul(a, b)``, split over ``PPQLIKE_NUM_THREADS`` Python threads when it is large (BLAS then runs
     single-threaded, see ``_threads.py``): by rows of ``a`` when ``b`` is a matrix (always the same
     ``_ROW_PIECES`` pieces, whatever the thread count), else by the leading batch dimension (the same
-    products, each piece a BLAS call on fewer rows)."""
+    products, each piece a BLAS call on fewer rows).  ``epilogue(block)``: elementwise work done in place
+    on each piece of a float32 product as soon as it is made, while it is in cache (on the whole product
+    otherwise)."""
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-        return np.matmul(a, b)
+        return _finished(np.asarray(np.matmul(a, b)), epilogue)
+    inner = epilogue if np.result_type(a, b) == np.float32 else None
     rows = int(np.prod(a.shape[:-1]))
     if rows * a.shape[-1] * b.shape[-1] < _SPLIT_ABOVE:
-        return np.matmul(a, b)
+        return _finished(np.matmul(a, b), epilogue)
     if b.ndim == 2:
         left = a.reshape(rows, a.shape[-1])
         out = np.empty(a.shape[:-1] + (b.shape[-1],), np.result_type(a, b))
         flat = out.reshape(rows, b.shape[-1])
-        parallel(lambda part: np.matmul(left[part[0]:part[1]], b, out=flat[part[0]:part[1]]),
-                 split_evenly(rows, _ROW_PIECES))
-        return out
+
+        def piece(part):
+            np.matmul(left[part[0]:part[1]], b, out=flat[part[0]:part[1]])
+            _finished(flat[part[0]:part[1]], inner)
+        parallel(piece, split_evenly(rows, _ROW_PIECES))
+        return out if inner is not None else _finished(out, epilogue)
     threads = num_threads()
-    if threads < 2:
-        return np.matmul(a, b)
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    if a.ndim != b.ndim or not shape or shape[0] < threads:
-        return np.matmul(a, b)
+    if threads < 2 or a.ndim != b.ndim or not shape or shape[0] < threads:
+        return _finished(np.matmul(a, b), epilogue)
     a = np.broadcast_to(a, shape + a.shape[-2:])
     b = np.broadcast_to(b, shape + b.shape[-2:])
     out = np.empty(shape + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
-    parallel(lambda part: np.matmul(a[part[0]:part[1]], b[part[0]:part[1]], out=out[part[0]:part[1]]),
-             split_evenly(shape[0], threads))
-    return out
+
+    def batch(part):
+        np.matmul(a[part[0]:part[1]], b[part[0]:part[1]], out=out[part[0]:part[1]])
+        _finished(out[part[0]:part[1]], inner)
+    parallel(batch, split_evenly(shape[0], threads))
+    return out if inner is not None else _finished(out, epilogue)
+
+
+def _finished(product: np.ndarray, epilogue) -> np.ndarray:
+    """``product`` after ``epilogue`` (in place; none: as it is)."""
+    if epilogue is not None:
+        epilogue(product)
+    return product
 
 
 def _build_gemm(op, opset: int) -> Kernel:
@@ -79,11 +93,15 @@ def _build_gemm(op, opset: int) -> Kernel:
 
 
 def _build_matmul(op, opset: int) -> Kernel:
-    def kernel(inputs):
+    def kernel(inputs, epilogue=None, extra_pads=None):
+        """``epilogue``: elementwise work on the product, in place, piece by piece (``matmul``)."""
         a, b = inputs[0], inputs[1]
         if a.ndim == 0 or b.ndim == 0:
             raise unsupported(op, "MatMul of a scalar (operands must have rank 1 or more)")
-        return [np.asarray(matmul(a, b))]
+        if extra_pads is not None:
+            raise unsupported(op, "a folded Pad (only convolutions take one)")
+        return [matmul(a, b, epilogue)]
+    kernel.takes_epilogue = True
     return kernel
 
 
