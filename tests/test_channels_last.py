@@ -176,6 +176,32 @@ def test_layer_stack_agrees_with_onnxruntime_fused_or_not(clip_type, monkeypatch
         assert got.flags.c_contiguous   # what forward hands back is plain NCHW, whatever the layout inside
 
 
+def _several_passes(block, out=None):
+    """An epilogue of several passes (requantization-like), indifferent to the row width it is handed."""
+    target = block if out is None else out
+    np.multiply(block, np.float32(0.37), out=target)
+    np.rint(target, out=target)
+    target.clip(-5, 9, out=target)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("kind", ["clip", "passes", None])
+def test_expansion_epilogue_gives_the_bytes_of_the_convolutions_one_by_one(stride, kind):
+    """The expansion's epilogue, however the chain runs it on the image going into the depthwise buffer (a
+    clip written into the column phases as it reads; several passes on the image's rows, then the phases
+    copied apart), leaves the bytes of the 1x1 and the depthwise convolution run one after the other."""
+    from ppqlike.executor.fusion import clip_epilogue
+    epilogue = {"clip": clip_epilogue((0.0, 6.0)), "passes": _several_passes, None: None}[kind]
+    x = _channels_last(np.rint(_data(3, 8, 12, 12, seed=21) * 4))
+    w1, b1 = np.rint(_data(24, 8, 1, 1, seed=22) * 3), _data(24, seed=23)
+    w2, b2 = _data(24, 1, 3, 3, seed=24), _data(24, seed=25)
+    geometry = ((1, 1, 1, 1), (stride, stride), (1, 1))
+    chained = _conv_channels_last.expand_then_depthwise(x, (w1, b1, epilogue), (w2, b2, None), *geometry)
+    expanded = _conv_channels_last.pointwise(x, w1, b1, np.float32, epilogue)
+    one_by_one = _conv_channels_last.depthwise(expanded, w2, b2, *geometry, np.float32)
+    assert chained is not None and chained.tobytes() == one_by_one.tobytes()
+
+
 def test_clip_inside_a_float16_conv_is_applied_after_the_cast():
     x = _data(2, 4, 6, 6, seed=1).astype(np.float16)
     w = (_data(4, 1, 3, 3, seed=2) / 3).astype(np.float16)

@@ -34,6 +34,15 @@ class IntegerRequantization:
                    tuple(float(v) for v in np.atleast_1d(np.asarray(accumulator_scale, np.float64))),
                    int(channel_axis), int(multiplier_bits))
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once: the executor's caches key on this every forward."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.multiplier, self.right_shift, self.accumulator_scale, self.channel_axis,
+                           self.multiplier_bits))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     @property
     def per_channel(self) -> bool:
         return len(self.accumulator_scale) > 1

@@ -18,6 +18,7 @@ from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS, VALUE_PRESERVI
 from ..core.quant import is_applied
 from ..core.quant_graph import input_config, output_config, overlapped_root, quantizes
 from .integer_codes import Codes
+from .ops._prepared import prepared
 from .requantizing_kernels import wants_integer_kernel, wants_requantizing_kernel
 from .simulation import (argument_grids, grid_key, keeps_grid, passes_through, quantize_inputs, quantize_outputs,
                          requantized_grid)
@@ -195,9 +196,10 @@ def grid_edges(activation: Operation, bounds: tuple | None, lies_on: tuple | Non
     if lies_on is None or output is None or output.requantization is not None \
             or not keeps_grid(output, lies_on) or np.size(low) > 1 or np.size(high) > 1:
         return None
-    return output.fake_quantize(np.array([-np.inf if low is None else np.asarray(low).reshape(-1)[0],
-                                          np.inf if high is None else np.asarray(high).reshape(-1)[0]],
-                                         np.float32))
+    bounds = np.array([-np.inf if low is None else np.asarray(low).reshape(-1)[0],
+                       np.inf if high is None else np.asarray(high).reshape(-1)[0]], np.float32)
+    return prepared(lambda: output.fake_quantize(bounds), ("grid edges", lies_on, output.rounding, bounds.tobytes()),
+                    ())   # by content (the grid and the bounds' bits): the same every forward
 
 
 def activate_in_place(activation: Operation, output_names: tuple, value: np.ndarray, bounds: tuple | None,
@@ -271,7 +273,10 @@ def clip_epilogue(bounds: tuple | None):
     low = -np.inf if bounds[0] is None else bounds[0]   # numpy's two-bound clip: about 2x maximum's speed
     high = np.inf if bounds[1] is None else bounds[1]
     # ndarray.clip rather than np.clip: two wrapper layers fewer (2 us a call, each block, with the GIL held)
-    return lambda block, out=None: block.clip(low, high, out=block if out is None else out)
+    def clip(block: np.ndarray, out: np.ndarray | None = None) -> None:
+        block.clip(low, high, out=block if out is None else out)
+    clip.single_pass = True   # writing a strided ``out`` as it reads costs no more than a copy there would
+    return clip
 
 
 #: Ops whose result on integer codes is the codes of their result on the values, on the same grid: they

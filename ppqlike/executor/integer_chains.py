@@ -140,24 +140,33 @@ def _bias_parts(config: TensorQuantizationConfig, value, original, bounds: np.nd
     return split_bias(bias, bounds)
 
 
-def requantize_block(codes: ConvCodes, width: int):
-    """The in-cache requantization of a channels-last block whose last axis holds ``width`` values
-    (whole pixels): q = clamp(rint((acc + h) * M), low, high), h (the wide bias's float32 part) and M
-    per channel repeated along the row; ``epilogue(block, out=None)`` in place or into ``out``.  A conv
-    requantized by multiplier and shift: its ``Requantize``, which takes such blocks as they are."""
+def requantize_block(codes: ConvCodes):
+    """The in-cache requantization of a channels-last block whose last axis holds whole pixels (any number
+    of them): q = clamp(rint((acc + h) * M), low, high), h (the wide bias's float32 part) and M per channel
+    repeated along the row (laid out once per row width); ``epilogue(block, out=None)`` in place or into
+    ``out``.  A conv requantized by multiplier and shift: its ``Requantize``, which takes such blocks too."""
     if codes.requantize is not None:
         return codes.requantize
     channels = codes.multiplier.size
-    repeat = width // channels
-    factors = np.tile(codes.multiplier, repeat)
-    high_bias = None if codes.bias_high is None else np.tile(codes.bias_high, repeat)
-    columns = (np.arange(repeat)[:, None] * channels + codes.wide[None, :]).reshape(-1)
-    if columns.size:
-        wide_bias = high_bias[columns].astype(np.float64)
-        high_bias[columns] = 0.0
     low, high = _F32(codes.low), _F32(codes.high)
+    rows = {}   # per row width: (factors, high bias, the wide channels' columns, their float64 bias)
+
+    def row_factors(width: int) -> tuple:
+        made = rows.get(width)
+        if made is None:   # (two threads may both make it: the same arrays)
+            repeat = width // channels
+            factors = np.tile(codes.multiplier, repeat)
+            high_bias = None if codes.bias_high is None else np.tile(codes.bias_high, repeat)
+            columns = (np.arange(repeat)[:, None] * channels + codes.wide[None, :]).reshape(-1)
+            wide_bias = None
+            if columns.size:
+                wide_bias = high_bias[columns].astype(np.float64)
+                high_bias[columns] = 0.0
+            made = rows[width] = (factors, high_bias, columns, wide_bias)
+        return made
 
     def epilogue(block: np.ndarray, out: np.ndarray | None = None) -> None:
+        factors, high_bias, columns, wide_bias = row_factors(block.shape[-1])
         target = block if out is None else out   # block may be overwritten either way
         if columns.size:   # float32(the int32 the kernel holds), as onnxruntime_kernels forms it
             block[..., columns] = wrap_int32(block[..., columns].astype(np.float64) + wide_bias)
@@ -175,12 +184,10 @@ def expand_then_depthwise_codes(x: np.ndarray, first: ConvCodes, second: ConvCod
     """The chain on the codes ``x`` [N, Ci, H, W] (channels-last float32 integers) of the first conv's
     input: the second conv's result as ``Codes`` - or, with ``third`` (the 1x1 projection reading it), the
     third's -, or None when the chain does not apply."""
-    channels = first.weight.shape[0]
-    width = x.shape[3] // strides[1] * channels   # a row of the depthwise output
-    project = None if third is None else (third.weight, third.bias, requantize_block(third, third.weight.shape[0]))
-    out = expand_then_depthwise(x, (first.weight, first.bias, requantize_block(first, channels)),
-                                (second.weight, second.bias, requantize_block(second, width)),
-                                pads, strides, dilations, project)
+    project = None if third is None else (third.weight, third.bias, requantize_block(third))
+    out = expand_then_depthwise(x, (first.weight, first.bias, requantize_block(first)),
+                                (second.weight, second.bias, requantize_block(second)), pads, strides, dilations,
+                                project)
     return None if out is None else Codes(out, (second if third is None else third).output)
 
 
