@@ -370,3 +370,26 @@ def test_grid_changes_are_checked():
         cfg.num_of_bits = 8
     with pytest.raises(QuantizationStateError, match="'a' is BAKED"):
         cfg.set_range(0, 7)
+
+
+def test_revision_changes_with_every_change_and_is_never_shared():
+    """``revision`` (what the executor keeps derived facts under) moves with every assignment to a config or
+    to its masters, stays put otherwise, and copies and unpickled configs take numbers of their own."""
+    import copy
+    import pickle
+    from ppqlike.core.requantization import IntegerRequantization
+    master = tqc("m", scale=0.125, state=S.ACTIVATED)
+    slave = tqc("s", scale=0.25)
+    slave.dominated_by(master, S.SLAVE)
+    seen = [master.revision, slave.revision]
+    assert master.revision == seen[0] and master.scale is not None and master.revision == seen[0]   # reads: no
+    for change in (lambda: setattr(master, "scale", 0.0625), lambda: master.set_scale_offset(0.5, 0),
+                   lambda: setattr(master, "requantization", IntegerRequantization.from_arrays([3], [2], [1.0], 1)),
+                   lambda: setattr(master, "rounding", RoundingPolicy.ROUND_HALF_UP),
+                   lambda: setattr(master, "state", S.BAKED)):
+        change()
+        assert slave.revision not in seen and master.revision not in seen   # the slave moves with its master
+        seen += [master.revision, slave.revision]
+    copies = [copy.copy(master), copy.deepcopy(master), pickle.loads(pickle.dumps(master)), master.copy()]
+    assert len({c.revision for c in copies} | {master.revision}) == 5
+    assert all(float(c.scale) == float(master.scale) for c in copies)

@@ -231,6 +231,52 @@ def _attention_model(seed: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
+def _expansion_model(seed: int) -> onnx.ModelProto:
+    """A MobileNetV2 block: 1x1 expansion + Relu, depthwise 3x3 + Clip, 1x1 projection (one integer chain)."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="expand"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=24, name="depthwise"),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"], name="clip"),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["y"], name="project")]
+    arrays = {"w1": (24, 8, 1, 1), "b1": (24,), "w2": (24, 1, 3, 3), "b2": (24,), "w3": (8, 24, 1, 1), "b3": (8,)}
+    initializers = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.5, name)
+                    for name, shape in arrays.items()]
+    initializers += [numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                     numpy_helper.from_array(np.array(6, np.float32), "hi")]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 12, 12])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_a_kept_integer_chain_follows_its_configs(tmp_path, monkeypatch):
+    """What an integer chain computes with is kept across forwards under its configs' revisions: a changed
+    requantization between two forwards is what the second one computes with, as the float simulation."""
+    from ppqlike.executor import chains
+    from ppqlike.core.quant_graph import output_config
+    path = tmp_path / "block.onnx"
+    onnx.save(_expansion_model(8), path)
+    rng = np.random.default_rng(9)
+    graph = api.quantize_onnx_model(str(path), [rng.standard_normal((2, 8, 12, 12)).astype(np.float32)],
+                                    platform="TPU_INT8")
+    ran = []
+    original = chains.expand_then_depthwise_codes
+    monkeypatch.setattr(chains, "expand_then_depthwise_codes", lambda *a: ran.append(original(*a)) or ran[-1])
+    x = np.ascontiguousarray(rng.standard_normal((2, 12, 12, 8)).astype(np.float32)).transpose(0, 3, 1, 2)
+    executor = NumpyExecutor(graph)   # (channels-last, as a conv stack hands it on: the chain's layout)
+    before = executor.forward(x)[0]
+    config = output_config(graph.operations["depthwise"])
+    facts = config.requantization
+    revision = config.revision
+    config.requantization = IntegerRequantization.from_arrays(
+        np.asarray(facts.multiplier) * 3 // 4, facts.right_shift, facts.accumulator_scale, facts.channel_axis)
+    assert config.revision != revision
+    after = executor.forward(x)[0]
+    assert len(ran) == 2 and all(out is not None for out in ran)   # the chain ran both times
+    assert not np.array_equal(after, before)
+    np.testing.assert_array_equal(after, NumpyExecutor(graph, runtime_kernels=False).forward(x)[0])
+
+
 def _three_ways(graph, x, names):
     """(integer kernels, float simulation, hooked) outputs ``names`` of ``graph`` on ``x``."""
     return (NumpyExecutor(graph).forward(x, output_names=names),

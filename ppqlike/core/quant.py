@@ -21,6 +21,7 @@ Leaving the governed states (and DEQUANTIZED) drops the masters.
 from __future__ import annotations
 
 import copy as _copy
+import itertools
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 S = QuantizationStates
+_REVISIONS = itertools.count(1)   # every change of any config takes the next number (see ``revision``)
+_CACHES = frozenset({"_revision", "_product_of"})   # attributes whose assignment changes nothing it computes
 _ONE_MASTER = (S.OVERLAPPED, S.SLAVE)
 _FROZEN = (S.BAKED, S.PASSIVE_BAKED, S.SOI, S.DEQUANTIZED)  # own scale/offset may not change
 
@@ -88,6 +91,30 @@ class TensorQuantizationConfig(QuantGridBase):
         self._state = state
         if state in (S.ACTIVATED, S.BAKED) and self._scale is None:
             raise QuantizationStateError(f"{self._who()}: cannot be created {state.name} without a scale")
+
+    # ------------------------------------------------------------ revision
+    def __setattr__(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+        if name not in _CACHES:
+            object.__setattr__(self, "_revision", next(_REVISIONS))
+
+    def __getstate__(self) -> dict:   # copies and pickles (other processes) take a number of their own
+        return {name: value for name, value in self.__dict__.items() if name not in _CACHES}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "_revision", next(_REVISIONS))
+
+    @property
+    def revision(self) -> int | tuple:
+        """What identifies everything this config computes with, as it is now: a number that changes with
+        any assignment to it (state, scale, offset, grid, rounding, baked value, requantization, masters),
+        with its masters' revisions.  Numbers are never reused in a process, so equal revisions mean equal
+        quantization: the executor keeps what it derives from configs under them.  (Scales, offsets and
+        baked values are read-only arrays, replaced, never edited.)"""
+        if not self._masters:
+            return self._revision
+        return (self._revision,) + tuple(master.revision for master in self._masters)
 
     # ------------------------------------------------------- masters and grid
     def _grid(self) -> "TensorQuantizationConfig":

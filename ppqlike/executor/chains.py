@@ -23,6 +23,7 @@ from .integer_codes import integer_codes
 from .integer_chains import conv_codes, expand_then_depthwise_codes, input_on_grid
 from .onnxruntime_kernels import applied_root
 from .ops._conv_channels_last import expand_then_depthwise
+from .ops._prepared import prepared
 from .ops.conv import conv2d_geometry
 from .ops.tensor import zero_spatial_pads
 from .simulation import argument_grids, grid_key, keeps_grid, passes_through, quantize_inputs
@@ -122,14 +123,52 @@ def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, ar
     result), or None.
 
     ``arguments``: the first Conv's inputs (``Codes`` kept), before its input configs; ``projection``: as
-    ``run_float_chain``'s, run inside too where its codes allow (``_projection_codes``)."""
+    ``run_float_chain``'s, run inside too where its codes allow (``_projection_codes``).  What the convs
+    compute with (``_chain_codes``) is kept across forwards for constant parameters, under the revisions of
+    the chain's configs (``ops._prepared``)."""
     first_activation, pad, second, second_activation = chain
-    first, depthwise = steps[index], steps[second]
+    first = steps[index]
     if pad is not None:
         return None
-    arguments = quantize_inputs(first.operation, arguments, first.inputs, grids)
-    if not input_on_grid(first.operation, argument_grids(first.operation, first.inputs, grids)[0]):
+    data = quantize_inputs(first.operation, arguments[:1], first.inputs[:1], grids)[0]
+    lies_on = argument_grids(first.operation, first.inputs[:1], grids)[0]
+    if not input_on_grid(first.operation, lies_on):
         return None
+    x = integer_codes(applied_root(input_config(first.operation, 0)), data, on_grid=True)
+    members = [steps[i] for i in (index, first_activation, second, second_activation) + tuple(projection or ())
+               if i is not None]
+    parameters = tuple(arguments[1:]) + tuple(argument(name) for step in members[1:] for name in step.inputs[1:])
+    key = ("integer chain", index, chain, projection, id(first.operation), x.shape, lies_on,
+           tuple(_revisions(step.operation) for step in members))
+    made = prepared(lambda: _chain_codes(chain, steps, index, arguments, argument, grids, opset, projection,
+                                         x.shape), key, parameters)
+    if made is None:
+        return None
+    codes, geometry, third = made
+    if third is not None:
+        out = expand_then_depthwise_codes(x, codes[0], codes[1], *geometry, third)
+        if out is not None:
+            return out, output_grid(steps[projection[0]].operation), True
+    out = expand_then_depthwise_codes(x, codes[0], codes[1], *geometry)
+    return None if out is None else (out, output_grid(steps[second].operation), False)
+
+
+def _revisions(operation) -> tuple | None:
+    """The revisions of an op's configs (``TensorQuantizationConfig.revision``), in order."""
+    config = operation.config
+    if config is None:
+        return None
+    return tuple(None if tqc is None else tqc.revision
+                 for tqc in config.input_quantization_config + config.output_quantization_config)
+
+
+def _chain_codes(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int,
+                 projection: tuple | None, shape: tuple) -> tuple | None:
+    """(the ``ConvCodes`` of the expansion and the depthwise conv, the depthwise geometry, the projection's
+    ``ConvCodes`` or None) of an integer chain whose input codes have ``shape``; None when it does not apply."""
+    first_activation, _, second, second_activation = chain
+    first, depthwise = steps[index], steps[second]
+    arguments = quantize_inputs(first.operation, arguments, first.inputs, grids)
     edges = [None if i is None else grid_edges(steps[i].operation, _bounds(steps, i, argument, opset),
                                                output_grid(operation))
              for i, operation in ((first_activation, first.operation), (second_activation, depthwise.operation))]
@@ -140,15 +179,11 @@ def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, ar
     codes = conv_codes(first.operation, arguments, edges[0]), conv_codes(depthwise.operation, filters, edges[1])
     if codes[0] is None or codes[1] is None:
         return None
-    x = integer_codes(applied_root(input_config(first.operation, 0)), arguments[0], on_grid=True)
-    geometry = _geometry(depthwise, x.shape, codes[0].weight.shape[0], codes[1].weight, None, argument)
+    geometry = _geometry(depthwise, shape, codes[0].weight.shape[0], codes[1].weight, None, argument)
+    third = None
     if projection is not None:
         third = _projection_codes(steps, projection, output_grid(depthwise.operation), argument, grids, opset)
-        out = None if third is None else expand_then_depthwise_codes(x, codes[0], codes[1], *geometry, third)
-        if out is not None:
-            return out, output_grid(steps[projection[0]].operation), True
-    out = expand_then_depthwise_codes(x, codes[0], codes[1], *geometry)
-    return None if out is None else (out, output_grid(depthwise.operation), False)
+    return codes, geometry, third
 
 
 def _projection_codes(steps: list, projection: tuple, lies_on: tuple | None, argument, grids: dict, opset: int):
