@@ -277,6 +277,31 @@ def test_a_kept_integer_chain_follows_its_configs(tmp_path, monkeypatch):
     np.testing.assert_array_equal(after, NumpyExecutor(graph, runtime_kernels=False).forward(x)[0])
 
 
+def test_a_kept_float_chain_follows_its_configs(tmp_path, monkeypatch):
+    """A float chain's epilogues and weights are kept across forwards the same way: a scale changed between
+    two forwards is what the second one quantizes with, as the ops run one by one (hooked) do."""
+    from ppqlike.core.quant import QuantizationStates
+    from ppqlike.executor import chains
+    path = tmp_path / "block.onnx"
+    onnx.save(_expansion_model(10), path)
+    rng = np.random.default_rng(11)
+    graph = api.quantize_onnx_model(str(path), [rng.standard_normal((2, 8, 12, 12)).astype(np.float32)],
+                                    platform="TRT_INT8")
+    ran = []
+    original = chains.expand_then_depthwise
+    monkeypatch.setattr(chains, "expand_then_depthwise", lambda *a: ran.append(original(*a)) or ran[-1])
+    x = np.ascontiguousarray(rng.standard_normal((2, 12, 12, 8)).astype(np.float32)).transpose(0, 3, 1, 2)
+    executor = NumpyExecutor(graph)
+    before = executor.forward(x)[0]
+    config = next(tqc for name in ("relu", "clip") for tqc in graph.operations[name].config.output_quantization_config
+                  if tqc is not None and tqc.state is QuantizationStates.ACTIVATED)
+    config.scale = np.float32(config.scale) * np.float32(1.75)
+    after = executor.forward(x)[0]
+    assert len(ran) == 2 and all(out is not None for out in ran)   # the chain ran both times
+    assert not np.array_equal(after, before)
+    np.testing.assert_array_equal(after, NumpyExecutor(graph).forward(x, hooks=[OperationHook()])[0])
+
+
 def _three_ways(graph, x, names):
     """(integer kernels, float simulation, hooked) outputs ``names`` of ``graph`` on ``x``."""
     return (NumpyExecutor(graph).forward(x, output_names=names),

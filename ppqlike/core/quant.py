@@ -21,7 +21,6 @@ Leaving the governed states (and DEQUANTIZED) drops the masters.
 from __future__ import annotations
 
 import copy as _copy
-import itertools
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -36,6 +35,7 @@ from ppqlike.core.quant_states import (
     can_transition, is_applied, is_baked, is_dequantizable, is_governed,
 )
 from ppqlike.core.requantization import IntegerRequantization
+from ppqlike.core.revision import Revised
 from ppqlike.core.rounding import RoundingPolicy
 
 __all__ = [
@@ -46,13 +46,11 @@ __all__ = [
 ]
 
 S = QuantizationStates
-_REVISIONS = itertools.count(1)   # every change of any config takes the next number (see ``revision``)
-_CACHES = frozenset({"_revision", "_product_of"})   # attributes whose assignment changes nothing it computes
 _ONE_MASTER = (S.OVERLAPPED, S.SLAVE)
 _FROZEN = (S.BAKED, S.PASSIVE_BAKED, S.SOI, S.DEQUANTIZED)  # own scale/offset may not change
 
 
-class TensorQuantizationConfig(QuantGridBase):
+class TensorQuantizationConfig(QuantGridBase, Revised):
     """How one input or output of one operation is quantized, and in which state.
 
     ``state`` changes go through :data:`STATE_TRANSITIONS`; an illegal change
@@ -93,17 +91,7 @@ class TensorQuantizationConfig(QuantGridBase):
             raise QuantizationStateError(f"{self._who()}: cannot be created {state.name} without a scale")
 
     # ------------------------------------------------------------ revision
-    def __setattr__(self, name: str, value) -> None:
-        object.__setattr__(self, name, value)
-        if name not in _CACHES:
-            object.__setattr__(self, "_revision", next(_REVISIONS))
-
-    def __getstate__(self) -> dict:   # copies and pickles (other processes) take a number of their own
-        return {name: value for name, value in self.__dict__.items() if name not in _CACHES}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        object.__setattr__(self, "_revision", next(_REVISIONS))
+    _CACHES = frozenset({"_revision", "_product_of"})   # (``Revised``: assignments that change nothing)
 
     @property
     def revision(self) -> int | tuple:

@@ -76,7 +76,28 @@ def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argu
 
     ``arguments``: the first Conv's inputs, before its input configs.  ``projection``: (the 1x1 Conv that
     alone reads the chain's result, its Relu/Clip or None; ``fusion.chain_projections``), run inside too
-    when its configs let it (``_projection_conv``)."""
+    when its configs let it (``_projection_conv``).  What the convs compute with (``_float_chain_parts``) is
+    kept across forwards as ``run_integer_chain``'s is."""
+    first = steps[index]
+    x = quantize_inputs(first.operation, arguments[:1], first.inputs[:1], grids)[0]
+    made = _kept(_float_chain_parts, "float chain", chain, steps, index, arguments, argument, grids, opset,
+                 projection, np.shape(x))
+    if made is None:
+        return None
+    first_conv, second_conv, geometry, lies_on, third = made
+    if third is not None:
+        out = expand_then_depthwise(x, first_conv, second_conv, *geometry, third[0])
+        if out is not None:
+            return out, third[1], True
+    out = expand_then_depthwise(x, first_conv, second_conv, *geometry)
+    return None if out is None else (out, lies_on, False)
+
+
+def _float_chain_parts(chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict, opset: int,
+                       projection: tuple | None, shape: tuple) -> tuple | None:
+    """((weight, bias, epilogue) of the expansion and of the depthwise conv, the depthwise geometry, the grid
+    key the depthwise result lies on, ``_projection_conv``'s or None) of a float chain whose input has
+    ``shape``; None when it does not apply."""
     first_activation, pad, second, second_activation = chain
     first, depthwise = steps[index], steps[second]
     stages = [_float_stage(steps, index, first_activation, argument, opset),
@@ -86,22 +107,33 @@ def run_float_chain(chain: tuple, steps: list, index: int, arguments: list, argu
     data = input_config(depthwise.operation, 0)
     if not (passes_through(data) or keeps_grid(data, stages[0][1])):
         return None   # the depthwise conv's input config would change the expanded values
-    arguments = quantize_inputs(first.operation, arguments, first.inputs, grids)
+    weights = quantize_inputs(first.operation, [None] + list(arguments[1:]), first.inputs, grids)[1:]
     filters = _parameters(depthwise, argument, grids)[1:]
-    x, weight = arguments[0], arguments[1]
-    geometry = _geometry(depthwise, x.shape, weight.shape[0], filters[0],
-                         steps[pad] if pad is not None else None, argument)
+    geometry = _geometry(depthwise, shape, weights[0].shape[0], filters[0], steps[pad] if pad is not None else None,
+                         argument)
     if geometry is None:
         return None
-    first_conv = (weight, arguments[2] if len(arguments) > 2 else None, stages[0][0])
+    first_conv = (weights[0], weights[1] if len(weights) > 1 else None, stages[0][0])
     second_conv = (filters[0], filters[1] if len(filters) > 1 else None, stages[1][0])
+    third = None
     if projection is not None:
         third = _projection_conv(steps, projection, stages[1][1], argument, grids, opset)
-        out = None if third is None else expand_then_depthwise(x, first_conv, second_conv, *geometry, third[0])
-        if out is not None:
-            return out, third[1], True
-    out = expand_then_depthwise(x, first_conv, second_conv, *geometry)
-    return None if out is None else (out, stages[1][1], False)
+    return first_conv, second_conv, geometry, stages[1][1], third
+
+
+def _kept(parts, kind: str, chain: tuple, steps: list, index: int, arguments: list, argument, grids: dict,
+          opset: int, projection: tuple | None, shape: tuple, lies_on: tuple | None = None):
+    """``parts(...)`` of a chain (what its convs compute with), kept across forwards (``ops._prepared``) for
+    its constant parameters, under the revisions of the configs of its ops
+    (``TensorQuantizationConfig.revision``), the shape of its input and the grid it lies on."""
+    first_activation, pad, second, second_activation = chain
+    members = [steps[i] for i in (index, first_activation, pad, second, second_activation) + tuple(projection or ())
+               if i is not None]
+    parameters = tuple(arguments[1:]) + tuple(argument(name) for step in members[1:] for name in step.inputs[1:])
+    key = (kind, index, chain, projection, id(steps[index].operation), tuple(shape), lies_on,
+           tuple(_revisions(step.operation) for step in members))
+    return prepared(lambda: parts(chain, steps, index, arguments, argument, grids, opset, projection, shape), key,
+                    parameters)
 
 
 def _projection_conv(steps: list, projection: tuple, lies_on: tuple | None, argument, grids: dict, opset: int):
@@ -124,9 +156,8 @@ def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, ar
 
     ``arguments``: the first Conv's inputs (``Codes`` kept), before its input configs; ``projection``: as
     ``run_float_chain``'s, run inside too where its codes allow (``_projection_codes``).  What the convs
-    compute with (``_chain_codes``) is kept across forwards for constant parameters, under the revisions of
-    the chain's configs (``ops._prepared``)."""
-    first_activation, pad, second, second_activation = chain
+    compute with (``_chain_codes``) is kept across forwards (``_kept``)."""
+    _, pad, second, _ = chain
     first = steps[index]
     if pad is not None:
         return None
@@ -135,13 +166,8 @@ def run_integer_chain(chain: tuple, steps: list, index: int, arguments: list, ar
     if not input_on_grid(first.operation, lies_on):
         return None
     x = integer_codes(applied_root(input_config(first.operation, 0)), data, on_grid=True)
-    members = [steps[i] for i in (index, first_activation, second, second_activation) + tuple(projection or ())
-               if i is not None]
-    parameters = tuple(arguments[1:]) + tuple(argument(name) for step in members[1:] for name in step.inputs[1:])
-    key = ("integer chain", index, chain, projection, id(first.operation), x.shape, lies_on,
-           tuple(_revisions(step.operation) for step in members))
-    made = prepared(lambda: _chain_codes(chain, steps, index, arguments, argument, grids, opset, projection,
-                                         x.shape), key, parameters)
+    made = _kept(_chain_codes, "integer chain", chain, steps, index, arguments, argument, grids, opset, projection,
+                 x.shape, lies_on)
     if made is None:
         return None
     codes, geometry, third = made
