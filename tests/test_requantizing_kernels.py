@@ -225,7 +225,8 @@ def _attention_model(seed: int) -> onnx.ModelProto:
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="linear"),
              helper.make_node("Transpose", ["m"], ["t"], perm=[0, 2, 1], name="transpose"),
              helper.make_node("MatMul", ["m", "t"], ["y"], name="scores")]
-    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 256, 96])],
+    graph = helper.make_graph(nodes, "attention",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 256, 96])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 256, 256])],
                               [numpy_helper.from_array(weight, "w")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
@@ -244,36 +245,46 @@ def _expansion_model(seed: int) -> onnx.ModelProto:
                     for name, shape in arrays.items()]
     initializers += [numpy_helper.from_array(np.array(0, np.float32), "lo"),
                      numpy_helper.from_array(np.array(6, np.float32), "hi")]
-    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 12, 12])],
+    graph = helper.make_graph(nodes, "block",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 12, 12])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 12, 12])], initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _kept_chain_case(tmp_path, monkeypatch, platform: str, kernel: str, change):
+    """A MobileNetV2 block quantized for ``platform``, run twice through its chain (the ``chains`` function
+    ``kernel``), ``change(graph)`` between the two: (the second result, the first, the graph, the input)."""
+    from ppqlike.executor import chains
+    path = tmp_path / "block.onnx"
+    onnx.save(_expansion_model(8), path)
+    rng = np.random.default_rng(9)
+    graph = api.quantize_onnx_model(str(path), [rng.standard_normal((2, 8, 12, 12)).astype(np.float32)],
+                                    platform=platform)
+    ran = []
+    original = getattr(chains, kernel)
+    monkeypatch.setattr(chains, kernel, lambda *a: ran.append(original(*a)) or ran[-1])
+    x = np.ascontiguousarray(rng.standard_normal((2, 12, 12, 8)).astype(np.float32)).transpose(0, 3, 1, 2)
+    executor = NumpyExecutor(graph)   # (channels-last, as a conv stack hands it on: the chain's layout)
+    before = executor.forward(x)[0]
+    change(graph)
+    after = executor.forward(x)[0]
+    assert len(ran) == 2 and all(out is not None for out in ran)   # the chain ran both times
+    assert not np.array_equal(after, before)
+    return after, graph, x
 
 
 def test_a_kept_integer_chain_follows_its_configs(tmp_path, monkeypatch):
     """What an integer chain computes with is kept across forwards under its configs' revisions: a changed
     requantization between two forwards is what the second one computes with, as the float simulation."""
-    from ppqlike.executor import chains
     from ppqlike.core.quant_graph import output_config
-    path = tmp_path / "block.onnx"
-    onnx.save(_expansion_model(8), path)
-    rng = np.random.default_rng(9)
-    graph = api.quantize_onnx_model(str(path), [rng.standard_normal((2, 8, 12, 12)).astype(np.float32)],
-                                    platform="TPU_INT8")
-    ran = []
-    original = chains.expand_then_depthwise_codes
-    monkeypatch.setattr(chains, "expand_then_depthwise_codes", lambda *a: ran.append(original(*a)) or ran[-1])
-    x = np.ascontiguousarray(rng.standard_normal((2, 12, 12, 8)).astype(np.float32)).transpose(0, 3, 1, 2)
-    executor = NumpyExecutor(graph)   # (channels-last, as a conv stack hands it on: the chain's layout)
-    before = executor.forward(x)[0]
-    config = output_config(graph.operations["depthwise"])
-    facts = config.requantization
-    revision = config.revision
-    config.requantization = IntegerRequantization.from_arrays(
-        np.asarray(facts.multiplier) * 3 // 4, facts.right_shift, facts.accumulator_scale, facts.channel_axis)
-    assert config.revision != revision
-    after = executor.forward(x)[0]
-    assert len(ran) == 2 and all(out is not None for out in ran)   # the chain ran both times
-    assert not np.array_equal(after, before)
+
+    def change(graph):
+        config = output_config(graph.operations["depthwise"])
+        facts, revision = config.requantization, config.revision
+        config.requantization = IntegerRequantization.from_arrays(
+            np.asarray(facts.multiplier) * 3 // 4, facts.right_shift, facts.accumulator_scale, facts.channel_axis)
+        assert config.revision != revision
+    after, graph, x = _kept_chain_case(tmp_path, monkeypatch, "TPU_INT8", "expand_then_depthwise_codes", change)
     np.testing.assert_array_equal(after, NumpyExecutor(graph, runtime_kernels=False).forward(x)[0])
 
 
@@ -281,24 +292,12 @@ def test_a_kept_float_chain_follows_its_configs(tmp_path, monkeypatch):
     """A float chain's epilogues and weights are kept across forwards the same way: a scale changed between
     two forwards is what the second one quantizes with, as the ops run one by one (hooked) do."""
     from ppqlike.core.quant import QuantizationStates
-    from ppqlike.executor import chains
-    path = tmp_path / "block.onnx"
-    onnx.save(_expansion_model(10), path)
-    rng = np.random.default_rng(11)
-    graph = api.quantize_onnx_model(str(path), [rng.standard_normal((2, 8, 12, 12)).astype(np.float32)],
-                                    platform="TRT_INT8")
-    ran = []
-    original = chains.expand_then_depthwise
-    monkeypatch.setattr(chains, "expand_then_depthwise", lambda *a: ran.append(original(*a)) or ran[-1])
-    x = np.ascontiguousarray(rng.standard_normal((2, 12, 12, 8)).astype(np.float32)).transpose(0, 3, 1, 2)
-    executor = NumpyExecutor(graph)
-    before = executor.forward(x)[0]
-    config = next(tqc for name in ("relu", "clip") for tqc in graph.operations[name].config.output_quantization_config
-                  if tqc is not None and tqc.state is QuantizationStates.ACTIVATED)
-    config.scale = np.float32(config.scale) * np.float32(1.75)
-    after = executor.forward(x)[0]
-    assert len(ran) == 2 and all(out is not None for out in ran)   # the chain ran both times
-    assert not np.array_equal(after, before)
+
+    def change(graph):
+        outputs = [tqc for name in ("relu", "clip") for tqc in graph.operations[name].config.output_quantization_config]
+        config = next(tqc for tqc in outputs if tqc is not None and tqc.state is QuantizationStates.ACTIVATED)
+        config.scale = np.float32(config.scale) * np.float32(1.75)
+    after, graph, x = _kept_chain_case(tmp_path, monkeypatch, "TRT_INT8", "expand_then_depthwise", change)
     np.testing.assert_array_equal(after, NumpyExecutor(graph).forward(x, hooks=[OperationHook()])[0])
 
 
