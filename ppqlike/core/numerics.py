@@ -187,7 +187,8 @@ def quantize_codes(x, scale, offset, quant_min: int, quant_max: int,
                                  dequantize=False, map_blocks=map_blocks)
 
 
-_BLOCK = 1 << 17   # elements per block of the per-tensor path (512 KiB of float32): the passes stay in L2
+QUANTIZE_BLOCK = 1 << 17   # elements per block of the per-tensor path (512 KiB of float32): the passes stay in L2;
+#                         a fused kernel cutting its blocks at the same multiples gets the same bytes
 
 
 def _blockwise_applies(x, scale, offset, qmin, qmax, channel_axis, out) -> bool:
@@ -233,16 +234,16 @@ def _quantize_flat(source: np.ndarray, target: np.ndarray, s, low, high, roundin
     ``map_blocks(work, count, scratch)``, when given, runs ``work(index, local)`` for every block index, with
     ``local`` made by ``scratch()`` once per thread (the executor's kernel threads); the blocks are the same
     either way, so are the bits."""
-    count = -(-source.size // _BLOCK)
+    count = -(-source.size // QUANTIZE_BLOCK)
 
     def scratch():   # x / S, then its distance to rint
-        return np.empty(min(_BLOCK, source.size), np.float32)
+        return np.empty(min(QUANTIZE_BLOCK, source.size), np.float32)
 
     def work(index, local):
-        start = index * _BLOCK
-        block = target[start:start + _BLOCK]
+        start = index * QUANTIZE_BLOCK
+        block = target[start:start + QUANTIZE_BLOCK]
         steps = local[:block.size]
-        np.divide(source[start:start + _BLOCK], s, out=steps)
+        np.divide(source[start:start + QUANTIZE_BLOCK], s, out=steps)
         round_into(steps, block, rounding)
         block.clip(low, high, out=block)
         if dequantize:

@@ -37,6 +37,7 @@ from .inputs import named_inputs
 from .integer_codes import Codes, values_hold_codes, values_of
 from .memory import keep_freed_memory
 from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
+from .quantized_sum import quantized_sum
 from .requantizing_kernels import run_requantizing_kernel, wants_integer_kernel
 from .ops import Kernel, build_kernel
 from .ops.tensor import zero_spatial_pads
@@ -163,6 +164,12 @@ class NumpyExecutor:
                     continue
             if index in plan.chains and not hooks \
                     and self._run_chain(plan, index, arguments, values, grids, fused_into, runtime):
+                release_values(step, values)
+                continue
+            summed = None if hooks or runtime or operation.type != "Add" else \
+                quantized_sum(operation, arguments, step.inputs, grids)
+            if summed is not None:   # a residual Add, its quantizations inside, block by block
+                self._store(step.outputs, [summed[0]], summed[1], values, grids)
                 release_values(step, values)
                 continue
             extra_pads = deferred_pads.get(step.inputs[0]) if deferred_pads and step.inputs else None
