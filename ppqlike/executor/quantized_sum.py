@@ -23,10 +23,12 @@ from .simulation import grid_key, keeps_grid, passes_through
 
 def quantized_sum(operation: Operation, arguments: list, names: tuple, grids: dict) -> tuple | None:
     """(the Add's result through its configs, the grid key it lies on or None), or None when this does not
-    apply: two float32 arrays of one shape and memory order, each input passed as it is or fake-quantized per
-    tensor, the result fake-quantized per tensor or passed (no requantization)."""
+    apply: two float32 arrays of one shape and memory order, of two blocks or more (a smaller one gains
+    nothing), each input passed as it is or fake-quantized per tensor, the result fake-quantized per tensor
+    or passed (no requantization)."""
     config = operation.config
-    if config is None or len(arguments) != 2 or len(config.output_quantization_config) != 1:
+    if config is None or len(arguments) != 2 or len(names) != 2 or len(config.input_quantization_config) != 2 \
+            or len(config.output_quantization_config) != 1:
         return None
     a, b = arguments
     if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.dtype != np.float32 \
