@@ -23,6 +23,8 @@ import numpy as np
 
 from ppqlike.core.errors import CalibrationDataError, QuantizationStateError
 from ppqlike.core.layout import empty_like_dense, flat_view, memory_axes, same_layout
+from ppqlike.core.quantization_parameters import along_channel_axis, check_range, integer_dtype, offset_array
+from ppqlike.core.requantization import requantize, rounding_right_shift, scale_to_multiplier_shift  # (re-exported)
 from ppqlike.core.rounding import RoundingPolicy, round_inplace, round_into, round_values
 
 __all__ = [
@@ -32,42 +34,6 @@ __all__ = [
 ]
 
 _F32_EXACT = 1 << 24
-_MAX_RSHIFT = 62
-
-
-def integer_dtype(quant_min: int, quant_max: int) -> np.dtype:
-    """int32 when [quant_min, quant_max] fits int32, else int64."""
-    info = np.iinfo(np.int32)
-    return np.dtype(np.int32) if info.min <= quant_min and quant_max <= info.max else np.dtype(np.int64)
-
-
-def _check_range(quant_min, quant_max) -> tuple[int, int]:
-    qmin, qmax = int(quant_min), int(quant_max)
-    if qmin >= qmax:
-        raise QuantizationStateError(f"quant_min {qmin} must be below quant_max {qmax}")
-    return qmin, qmax
-
-
-def along_channel_axis(param, ndim: int, shape, channel_axis, what: str = "value"):
-    """Reshape a per-channel 1-D ``param`` to broadcast against an array of ``shape`` (``ndim`` axes)
-    along ``channel_axis``; a scalar (or one value with no axis) stays a scalar.  Raises when the
-    count does not match the axis."""
-    param = np.asarray(param)
-    if param.ndim == 0 or (param.size == 1 and channel_axis is None):
-        return param.reshape(())
-    if param.ndim != 1:
-        raise QuantizationStateError(f"{what} must be a scalar or 1-D per-channel array, got shape {param.shape}")
-    if channel_axis is None:
-        raise QuantizationStateError(f"per-channel {what} (length {param.size}) needs a channel_axis")
-    axis = channel_axis + ndim if channel_axis < 0 else channel_axis
-    if not 0 <= axis < ndim:
-        raise QuantizationStateError(f"channel_axis {channel_axis} out of range for a {ndim}-D tensor")
-    if shape[axis] != param.size and param.size != 1:
-        raise QuantizationStateError(
-            f"per-channel {what} has {param.size} values but axis {channel_axis} has {shape[axis]} channels")
-    new_shape = [1] * ndim
-    new_shape[axis] = param.size
-    return param.reshape(new_shape)
 
 
 def _scale_array(scale, dtype, ndim, shape, channel_axis) -> np.ndarray:
@@ -75,16 +41,6 @@ def _scale_array(scale, dtype, ndim, shape, channel_axis) -> np.ndarray:
     if not np.all(np.isfinite(s) & (s > 0)):
         raise QuantizationStateError(f"scale must be finite and > 0, got {np.asarray(scale)!r}")
     return along_channel_axis(s, ndim, shape, channel_axis, "scale")
-
-
-def _offset_array(offset, dtype, ndim, shape, channel_axis):
-    z = np.asarray(offset)
-    if z.ndim == 0 and z == 0:
-        return None
-    if not np.issubdtype(z.dtype, np.integer):
-        if not np.all(z == np.round(z)):
-            raise QuantizationStateError(f"offset must be integer-valued, got {z!r}")
-    return along_channel_axis(z.astype(dtype), ndim, shape, channel_axis, "offset")
 
 
 def _is_f32(a) -> bool:
@@ -104,7 +60,7 @@ def _quantize_float(x, scale, offset, qmin, qmax, rounding, channel_axis):
     rounding = RoundingPolicy.parse(rounding)
     dt = _quant_dtype(x, scale, qmin, qmax)
     s = _scale_array(scale, dt, x.ndim, x.shape, channel_axis)
-    z = _offset_array(offset, dt, x.ndim, x.shape, channel_axis)
+    z = offset_array(offset, dt, x.ndim, x.shape, channel_axis)
     t = np.divide(x, s, dtype=dt)
     if t.ndim == 0:
         t = np.array(t)
@@ -122,7 +78,7 @@ def quantize(x, scale, offset, quant_min: int, quant_max: int,
     Per tensor: scalar ``scale``/``offset``; per channel: 1-D arrays laid
     along ``channel_axis``.  NaN inputs give unspecified integers.
     """
-    qmin, qmax = _check_range(quant_min, quant_max)
+    qmin, qmax = check_range(quant_min, quant_max)
     t, _, _ = _quantize_float(x, scale, offset, qmin, qmax, rounding, channel_axis)
     with np.errstate(invalid="ignore"):
         return t.astype(integer_dtype(qmin, qmax))
@@ -133,7 +89,7 @@ def dequantize(q, scale, offset, channel_axis: int | None = None) -> np.ndarray:
     q = np.asarray(q)
     dt = np.float32 if _is_f32(scale) else np.float64
     s = _scale_array(scale, dt, q.ndim, q.shape, channel_axis)
-    z = _offset_array(offset, np.int64, q.ndim, q.shape, channel_axis)
+    z = offset_array(offset, np.int64, q.ndim, q.shape, channel_axis)
     diff = q.astype(np.int64) if np.issubdtype(q.dtype, np.integer) else np.rint(q).astype(np.int64)
     if z is not None:
         diff = diff - z
@@ -153,7 +109,7 @@ def fake_quantize(x, scale, offset, quant_min: int, quant_max: int,
     rescaled in place; a per-tensor float32 one block at a time, so that the
     passes run in cache (its blocks through ``map_blocks``, see ``_quantize_flat``).
     """
-    qmin, qmax = _check_range(quant_min, quant_max)
+    qmin, qmax = check_range(quant_min, quant_max)
     x = np.asarray(x)
     if _blockwise_applies(x, scale, offset, qmin, qmax, channel_axis, out):
         return _fake_quantize_blocks(x, scale, offset, qmin, qmax, RoundingPolicy.parse(rounding), out,
@@ -179,7 +135,7 @@ def quantize_codes(x, scale, offset, quant_min: int, quant_max: int,
     """The codes q - Z of a per-tensor float32 quantization as integer-valued float32 (what
     ``fake_quantize`` computes before its last multiplication by S; S * codes is its result, bit for
     bit), block by block; None where ``fake_quantize`` does not take that path."""
-    qmin, qmax = _check_range(quant_min, quant_max)
+    qmin, qmax = check_range(quant_min, quant_max)
     x = np.asarray(x)
     if not _blockwise_applies(x, scale, offset, qmin, qmax, channel_axis, None):
         return None
@@ -261,7 +217,7 @@ def fake_quantizer(scale, offset, quant_min: int, quant_max: int,
     """``fake_quantize`` with these parameters as a function ``(x, out)``, its checks made once: a kernel's
     epilogue calls it block after block.  C-ordered float32 blocks take the per-tensor block path
     directly (the same blocks, so the same bits); anything else goes through ``fake_quantize``."""
-    qmin, qmax = _check_range(quant_min, quant_max)
+    qmin, qmax = check_range(quant_min, quant_max)
     rounding = RoundingPolicy.parse(rounding)
 
     def general(x, out):
@@ -321,7 +277,7 @@ def minmax_to_scale_offset(min_val, max_val, quant_min: int, quant_max: int, sym
     Elementwise for per-channel arrays.  Scalars in: ``(float, int)``;
     arrays in: ``(float32 array, int64 array)``.
     """
-    qmin, qmax = _check_range(quant_min, quant_max)
+    qmin, qmax = check_range(quant_min, quant_max)
     rounding = RoundingPolicy.parse(rounding)
     scalar = np.ndim(min_val) == 0 and np.ndim(max_val) == 0
     lo = np.asarray(min_val, dtype=np.float64)
@@ -350,103 +306,3 @@ def minmax_to_scale_offset(min_val, max_val, quant_min: int, quant_max: int, sym
     if scalar:
         return float(scale), int(offset)
     return scale, offset
-
-
-def scale_to_multiplier_shift(scale, multiplier_bits: int = 32):
-    """M ~= M0 / 2^rshift with M0 in [2^(bits-2), 2^(bits-1)) (signed, normalised).
-
-    M0 = rint(m * 2^(bits-1)) where scale = m * 2^e, m in [0.5, 1), and
-    rshift = bits - 1 - e; relative error <= 2^-(bits-1).  Example:
-    0.1234 with 32 bits -> (2119995857, 34).
-
-    * scale 0 -> (0, 0).
-    * scale >= 2^(bits-1) would need a left shift: QuantizationStateError.
-    * rshift is capped at 62 (int64 requantize): for scales that tiny M0 is
-      rint(scale * 2^62), no longer normalised (and (0, 0) if that is 0).
-
-    Scalars in: Python ints out; arrays in: int64 arrays out.
-    """
-    bits = int(multiplier_bits)
-    if not 2 <= bits <= 32:
-        raise QuantizationStateError(f"multiplier_bits must be in [2, 32], got {multiplier_bits}")
-    s = np.asarray(scale, dtype=np.float64)
-    if not np.all(np.isfinite(s) & (s >= 0)):
-        raise QuantizationStateError(f"multiplier scale must be finite and >= 0, got {scale!r}")
-    m, e = np.frexp(s)
-    m0 = np.rint(np.ldexp(m, bits - 1))
-    carry = m0 == 2.0 ** (bits - 1)  # m rounded up to 1.0: renormalise
-    m0 = np.where(carry, m0 / 2, m0)
-    rshift = (bits - 1) - (e.astype(np.int64) + carry)
-    if np.any((rshift < 0) & (s > 0)):
-        raise QuantizationStateError(
-            f"scale {scale!r} >= 2^{bits - 1} cannot be a {bits}-bit multiplier with a right shift")
-    tiny = rshift > _MAX_RSHIFT
-    if np.any(tiny):
-        m0 = np.where(tiny, np.rint(np.ldexp(s, _MAX_RSHIFT)), m0)
-        rshift = np.where(tiny, _MAX_RSHIFT, rshift)
-    zero = m0 == 0
-    m0 = np.where(zero, 0, m0).astype(np.int64)
-    rshift = np.where(zero, 0, rshift).astype(np.int64)
-    if np.ndim(scale) == 0:
-        return int(m0), int(rshift)
-    return m0, rshift
-
-
-def rounding_right_shift(value, shift, rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN):
-    """round(value / 2^shift) under ``rounding`` in exact int64 arithmetic (0 <= shift <= 62)."""
-    rounding = RoundingPolicy.parse(rounding)
-    p = np.asarray(value, dtype=np.int64)
-    s = np.asarray(shift, dtype=np.int64)
-    if np.any((s < 0) | (s > _MAX_RSHIFT)):
-        raise QuantizationStateError(f"right shift must be in [0, {_MAX_RSHIFT}], got {shift!r}")
-    q = p >> s                      # floor(p / 2^s)
-    rem = p - (q << s)              # in [0, 2^s)
-    half = (np.int64(1) << s) >> 1  # 2^(s-1), 0 when s == 0
-    P = RoundingPolicy
-    if rounding is P.ROUND_DOWN:
-        return q
-    if rounding is P.ROUND_UP:
-        return q + (rem > 0)
-    if rounding is P.ROUND_TO_ZERO:
-        return q + ((rem > 0) & (q < 0))
-    above = rem > half
-    tie = (rem == half) & (rem != 0)
-    if rounding is P.ROUND_HALF_UP:
-        up = above | tie
-    elif rounding is P.ROUND_HALF_DOWN:
-        up = above
-    elif rounding is P.ROUND_HALF_EVEN:
-        up = above | (tie & ((q & 1) == 1))
-    elif rounding is P.ROUND_HALF_AWAY_FROM_ZERO:
-        up = above | (tie & (q >= 0))
-    else:  # ROUND_HALF_TOWARDS_ZERO
-        up = above | (tie & (q < 0))
-    return q + up
-
-
-def requantize(acc, multiplier, right_shift, offset, quant_min: int, quant_max: int,
-               rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN, channel_axis: int | None = None):
-    """y = clamp(round((acc * M0) / 2^rshift) + Z, qmin, qmax) in int64, no floats.
-
-    ``multiplier``/``right_shift``/``offset`` are scalars or 1-D per-channel
-    arrays along ``channel_axis``.  |acc| * |M0| must stay below 2^63.
-    Returns int32 (int64 if the range needs it).
-    """
-    qmin, qmax = _check_range(quant_min, quant_max)
-    acc = np.asarray(acc)
-    if not np.issubdtype(acc.dtype, np.integer):
-        raise QuantizationStateError(f"requantize needs an integer accumulator, got {acc.dtype}")
-    acc = acc.astype(np.int64)
-    shape = acc.shape
-    m = along_channel_axis(np.asarray(multiplier, dtype=np.int64), acc.ndim, shape, channel_axis, "multiplier")
-    s = along_channel_axis(np.asarray(right_shift, dtype=np.int64), acc.ndim, shape, channel_axis, "right_shift")
-    if acc.size and m.size:
-        bound = int(np.max(np.abs(acc))) * int(np.max(np.abs(m)))
-        if bound >= 1 << 63:
-            raise QuantizationStateError(f"requantize overflow: |acc| * |multiplier| reaches {bound} >= 2^63")
-    y = rounding_right_shift(acc * m, s, rounding)
-    z = _offset_array(offset, np.int64, acc.ndim, shape, channel_axis)
-    if z is not None:
-        y = y + z
-    np.clip(y, qmin, qmax, out=y)
-    return y.astype(integer_dtype(qmin, qmax))
