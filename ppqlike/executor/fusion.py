@@ -16,7 +16,7 @@ import numpy as np
 from ..core.ir import Operation
 from ..core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS, VALUE_PRESERVING_TYPES
 from ..core.quant import is_applied
-from ..core.quant_graph import input_config, output_config, overlapped_root, quantizes
+from ..core.quant_graph import input_config, output_config, overlapped_root, quantizes, requantized
 from .integer_codes import Codes
 from .ops._prepared import prepared
 from .requantizing_kernels import wants_integer_kernel, wants_requantizing_kernel
@@ -236,7 +236,7 @@ def quantizing_epilogue(producer: Operation, activation: Operation | None, bound
             return None
         clip = clip_epilogue(bounds)
     config = output_config(activation if activation is not None else producer)
-    if config is not None and config.requantization is not None and quantizes(config, "output"):
+    if requantized(config, "output"):
         return None   # (an applied config carrying a requantization among them)
     if passes_through(config):
         return clip, None

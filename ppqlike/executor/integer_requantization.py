@@ -31,7 +31,7 @@ from ..core import numerics
 from ..core.layout import channel_view, dense, empty_like_dense
 from ..core.quant import TensorQuantizationConfig
 from ..core.rounding import NEAREST_POLICIES, round_into
-from .integer_codes import channel_chunks
+from .integer_codes import channel_chunks, code_bound
 from .ops._threads import parallel_items
 
 _BLOCK = 1 << 17   # elements per chunk: its passes each a numpy call, so chunks large enough that two threads
@@ -72,7 +72,7 @@ class _Requantizer:
         facts = config.requantization
         self.config, self.pixels, self.per_channel = config, pixels, facts.per_channel
         self.offset = int(config.offset)
-        self.reach = max(abs(config.quant_min - self.offset), abs(config.quant_max - self.offset)) + 1
+        self.reach = int(code_bound(config)) + 1
         self.multipliers = np.asarray(facts.multiplier, np.int64).reshape(-1)
         self.shifts = np.asarray(facts.right_shift, np.int64).reshape(-1)
         self.accumulator_scale = np.asarray(facts.accumulator_scale, np.float64).reshape(-1)

@@ -16,7 +16,7 @@ from ..core.ir import Operation
 from ..core.layout import empty_like_dense, flat_view, same_layout
 from ..core.numerics import QUANTIZE_BLOCK
 from ..core.quant import TensorQuantizationConfig, is_applied
-from ..core.quant_graph import awaits_master, quantizes
+from ..core.quant_graph import requantized
 from .ops._threads import parallel_items
 from .simulation import grid_key, keeps_grid, passes_through
 
@@ -37,8 +37,7 @@ def quantized_sum(operation: Operation, arguments: list, names: tuple, grids: di
         return None
     stages = [_input_stage(tqc, grids.get(name)) for tqc, name in zip(config.input_quantization_config, names)]
     output = config.output_quantization_config[0]
-    if any(stage is False for stage in stages) or (output is not None and output.requantization is not None
-                                                   and quantizes(output, "output")):
+    if any(stage is False for stage in stages) or requantized(output, "output"):
         return None
     last = None if passes_through(output) else _per_tensor(output)
     if last is False:
@@ -74,7 +73,8 @@ def _input_stage(config: TensorQuantizationConfig | None, lies_on: tuple | None)
 
 
 def _per_tensor(config: TensorQuantizationConfig):
-    """The fake quantizer ``(x, out)`` of an applied per-tensor config, else False."""
-    if not is_applied(config.state) or awaits_master(config) or np.size(config.scale) != 1:
+    """The fake quantizer ``(x, out)`` of an applied per-tensor config that does not pass values through
+    (``passes_through`` is False), else False."""
+    if not is_applied(config.state) or np.size(config.scale) != 1:
         return False
     return config.fake_quantizer()

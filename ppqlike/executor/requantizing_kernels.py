@@ -41,7 +41,7 @@ import numpy as np
 from ..core import numerics
 from ..core.ir import Operation
 from ..core.quant import TensorQuantizationConfig
-from ..core.quant_graph import quantizes
+from ..core.quant_graph import requantized
 from ..core.rounding import NEAREST_POLICIES, RoundingPolicy, round_into
 from .integer_codes import (Codes, bias_codes, code_bound, dequantize_codes, integer_codes, largest_magnitude,
                             per_tensor, zero_point)
@@ -66,8 +66,7 @@ def wants_requantizing_kernel(operation: Operation) -> bool:
     config = operation.config
     if config is None or operation.type not in REQUANTIZING_TYPES or not config.output_quantization_config:
         return False
-    output = config.output_quantization_config[0]
-    return output is not None and output.requantization is not None and quantizes(output, "output")
+    return requantized(config.output_quantization_config[0], "output")
 
 
 def wants_integer_kernel(operation: Operation) -> bool:
@@ -241,7 +240,7 @@ def _requantization_of(output: TensorQuantizationConfig, products: np.ndarray, b
     if np.any(np.abs(multipliers) >= 2 ** 53):
         return None
     zero = zero_point(output)
-    reach = max(abs(output.quant_min - zero), abs(output.quant_max - zero)) + 1
+    reach = int(code_bound(output)) + 1
     ratio = np.ldexp(multipliers.astype(np.float64), -shifts)
     low, high = clamp if clamp is not None else (float(output.quant_min - zero), float(output.quant_max - zero))
     totals = products + np.abs(bias)

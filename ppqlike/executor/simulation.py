@@ -27,7 +27,7 @@ import numpy as np
 from ..core.ir import Graph, Operation
 from ..core.layout import memory_axes
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
-from ..core.quant_graph import awaits_master, iter_tensor_configs, quantizes
+from ..core.quant_graph import awaits_master, iter_tensor_configs, requantized
 from ..core.rounding import NEAREST_POLICIES
 from .integer_codes import Codes, values_of
 from .integer_requantization import requantize_output
@@ -74,7 +74,7 @@ def grid_key(config: TensorQuantizationConfig | None) -> tuple | None:
 def requantized_grid(config: TensorQuantizationConfig | None) -> tuple | None:
     """The grid key of the values ``requantize_output`` makes through ``config`` (S * (q - z) with q in
     its range: the values its fake quantization would make), or None where it does not requantize."""
-    if config is None or config.requantization is None or not quantizes(config, "output"):
+    if not requantized(config, "output"):
         return None
     return _grid_of(config)
 
@@ -119,8 +119,7 @@ def fresh_results(operation: Operation, results: list, arguments: list) -> tuple
 
 def apply_output_config(config: TensorQuantizationConfig | None, value, in_place: bool = False):
     """The value an op's output takes through ``config``: integer requantization where configured."""
-    if value is not None and config is not None and config.requantization is not None \
-            and quantizes(config, "output"):
+    if value is not None and requantized(config, "output"):
         return requantize_output(config, value)
     return apply_config(config, value, in_place)
 

@@ -320,12 +320,10 @@ class _TapGroups:
             target, values = rows, source.reshape(self.h, self.wo, sw, self.c).transpose(0, 2, 1, 3)
         if epilogue is None:
             target[...] = values
-        elif not source.flags.c_contiguous:
-            epilogue(values, target)
-        elif sw == 1 and target.flags.c_contiguous:   # rows of whole pixels: long runs for the epilogue's passes
-            epilogue(values.reshape(self.h, -1), target.reshape(self.h, -1))
-        elif getattr(epilogue, "single_pass", False):   # a clip: written into the phases as it reads
-            epilogue(values, target)
+        elif sw == 1 and source.flags.c_contiguous and target.flags.c_contiguous:
+            epilogue(values.reshape(self.h, -1), target.reshape(self.h, -1))   # rows of whole pixels: long runs
+        elif getattr(epilogue, "single_pass", False) or not source.flags.c_contiguous:
+            epilogue(values, target)   # (a clip writes the phases as it reads)
         else:   # passes in place on the image's rows (in cache), then the phases copied apart: one strided pass
             epilogue(source.reshape(self.h, -1))
             target[...] = values
