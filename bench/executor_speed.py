@@ -1,31 +1,33 @@
 """Throughput of ppqlike's NumpyExecutor against onnxruntime on the shared models.
 
-    python bench/executor_speed.py                    # whole models, batch 16, 2 threads
+    python bench/executor_speed.py                    # whole models, batch 16, what a user gets
     python bench/executor_speed.py --per-layer        # every Conv alone: where the time goes
     python bench/executor_speed.py --models mobilenetv2 --iterations 5 --threads 2
     python bench/executor_speed.py --simulation       # quantization simulation of every platform vs FP32
     python bench/executor_speed.py --baseline ../old  # also an older checkout's executor, interleaved (A/B)
 
-Both sides get the same number of threads, T (``--threads``, default 2):
+Both sides get the same number of threads, T (``--threads``, default: the
+cores this process may use, which is what each side takes by itself):
 onnxruntime through ``intra_op_num_threads`` (and ``inter_op_num_threads``);
-numpy in one of two ways (``--numpy-threading``):
+numpy in one of three ways (``--numpy-threading``):
 
-* ``pool`` (default): OpenBLAS single-threaded (``OPENBLAS_NUM_THREADS=1``)
-  and ppqlike's conv kernels spread their independent work (the images of a
-  1x1 GEMM, depthwise chunks, patch matrices) on T Python threads
-  (``PPQLIKE_NUM_THREADS=T``).  Measured the faster of the two on 2-vCPU
-  machines, and it degrades gracefully when another process takes a core.
+* ``default``: nothing set, what a user gets after ``import ppqlike``: the
+  library runs OpenBLAS single-threaded while it computes (threadpoolctl) and
+  spreads its kernels' independent work on as many Python threads as the
+  process has cores (see ``ppqlike/executor/ops/_threads.py``).  With
+  ``--threads`` other than the core count, the kernel threads are set with
+  ``ppqlike.executor.set_num_threads`` (a user's call).
+* ``pool``: the same through the environment (``OPENBLAS_NUM_THREADS=1``,
+  ``PPQLIKE_NUM_THREADS=T``), as earlier rounds measured.
 * ``openblas``: OpenBLAS with T threads inside each GEMM
-  (``OPENBLAS_NUM_THREADS=T``), the rest single-threaded.  OpenBLAS's
+  (``OPENBLAS_NUM_THREADS=T``), the kernels single-threaded.  OpenBLAS's
   spin-waiting threads collapse when the cores are oversubscribed (seen: 34
   1x1 convs taking 2 s instead of 60 ms while other jobs ran).
 
-These variables are read when numpy loads, so this script sets them before
-importing numpy.  ``OPENBLAS_CORETYPE``: an environment that already sets it
-(the project's CI pins ``Haswell``) keeps it; otherwise AVX-512 CPUs get
-``SkylakeX`` (OpenBLAS's runtime detection may pick its AVX2 kernels on new
-CPUs, at half the GEMM speed); ``--openblas-coretype`` overrides both
-(``none``: OpenBLAS's own choice).
+The variables are read when numpy loads, so this script sets them (for the
+two tuned modes only) before importing numpy.  ``--openblas-coretype``
+sets ``OPENBLAS_CORETYPE`` (default: leave OpenBLAS's own choice, as a user
+has it).
 
 Timings on a shared machine are noisy: the two sides are timed interleaved,
 run by run, and the best run of each is reported, with the ratio
@@ -64,18 +66,21 @@ def _parse() -> argparse.Namespace:
                         help="folder holding models/ and images/ (default: ../shared/bench from the repo root)")
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2, help="threads of each side (default 2)")
-    parser.add_argument("--numpy-threading", choices=("pool", "openblas"), default="pool",
-                        help="pool: OpenBLAS 1 thread, ppqlike's kernels on --threads threads (default); "
-                             "openblas: OpenBLAS --threads threads, ppqlike's kernels 1")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of each side (default: the cores this process may use)")
+    parser.add_argument("--numpy-threading", choices=("default", "pool", "openblas"), default="default",
+                        help="default: nothing set, ppqlike's own choice (what a user gets); pool: "
+                             "OPENBLAS_NUM_THREADS=1 PPQLIKE_NUM_THREADS=--threads; openblas: OpenBLAS "
+                             "--threads threads, ppqlike's kernels 1")
     parser.add_argument("--iterations", type=int, default=5, help="timed runs of each side (default 5)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--per-layer", action="store_true",
                         help="time every Conv of the models alone, ours against onnxruntime's (inputs C-ordered "
                              "NCHW; inside a model the layers after a depthwise one read channels-last inputs)")
     parser.add_argument("--random", action="store_true", help="random inputs instead of real images")
-    parser.add_argument("--openblas-coretype", default="auto",
-                        help="OPENBLAS_CORETYPE to set ('auto': SkylakeX on AVX-512 CPUs; 'none': leave it)")
+    parser.add_argument("--openblas-coretype", default="none",
+                        help="OPENBLAS_CORETYPE to set ('auto': SkylakeX on AVX-512 CPUs; default 'none': leave "
+                             "OpenBLAS's own choice)")
     parser.add_argument("--verbose", action="store_true", help="per-layer mode: print every layer")
     parser.add_argument("--baseline", metavar="DIR",
                         help="whole-model mode: also time the executor of the ppqlike source tree in DIR (say a "
@@ -104,18 +109,19 @@ def _configure_threads(args) -> str:
     """Set the thread and OpenBLAS variables; must run before numpy is imported."""
     if "numpy" in sys.modules:
         raise RuntimeError("numpy was imported before the thread settings were made")
-    blas, pool = (1, args.threads) if args.numpy_threading == "pool" else (args.threads, 1)
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[name] = str(blas)
-    os.environ["PPQLIKE_NUM_THREADS"] = str(pool)
+    if args.threads is None:
+        args.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if args.numpy_threading != "default":
+        blas, pool = (1, args.threads) if args.numpy_threading == "pool" else (args.threads, 1)
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[name] = str(blas)
+        os.environ["PPQLIKE_NUM_THREADS"] = str(pool)
     coretype = args.openblas_coretype
     if coretype == "auto":
         coretype = os.environ.get("OPENBLAS_CORETYPE") or ("SkylakeX" if _cpu_has_avx512() else "none")
     if coretype.lower() != "none":
         os.environ["OPENBLAS_CORETYPE"] = coretype
-    else:
-        os.environ.pop("OPENBLAS_CORETYPE", None)
-    return coretype
+    return os.environ.get("OPENBLAS_CORETYPE", "OpenBLAS's choice")
 
 
 def main() -> int:
@@ -132,10 +138,14 @@ def main() -> int:
     import numpy as np
     import onnxruntime
 
-    from ppqlike.executor.ops import _threads
+    from ppqlike.executor import computing_threads, num_threads, set_num_threads
+    if args.numpy_threading == "default" and args.threads != num_threads():
+        set_num_threads(args.threads)
     blas = _blas_description(np)
-    print(f"threads: onnxruntime intra=inter={args.threads}; numpy: OpenBLAS {os.environ['OPENBLAS_NUM_THREADS']} "
-          f"({blas}, OPENBLAS_CORETYPE={coretype}), ppqlike kernels {_threads.num_threads()} "
+    with computing_threads():
+        blas_while_computing = _blas_threads()
+    print(f"threads: onnxruntime intra=inter={args.threads}; numpy: OpenBLAS {blas_while_computing} while ppqlike "
+          f"computes ({blas}, OPENBLAS_CORETYPE={coretype}), ppqlike kernels {num_threads()} "
           f"(--numpy-threading {args.numpy_threading})")
     print(f"onnxruntime {onnxruntime.__version__}, numpy {np.__version__}, batch {args.batch}, "
           f"{args.iterations} timed runs each, best run reported\n")
@@ -147,6 +157,11 @@ def main() -> int:
         else:
             _whole_model(name, bench_dir, args)
     return 0
+
+
+def _blas_threads() -> str:
+    from threadpoolctl import threadpool_info
+    return ",".join(str(entry["num_threads"]) for entry in threadpool_info() if entry.get("user_api") == "blas")
 
 
 def _blas_description(np) -> str:

@@ -67,3 +67,60 @@ def test_a_failing_job_raises_after_the_others_finish(three_threads):
     with pytest.raises(ValueError, match="job 0 failed"):
         _threads.parallel(job, range(4))
     assert sorted(finished) == [1, 2, 3]
+
+
+# ---------------------------------------------------- the defaults a user gets --
+_PROBE = r"""
+import json, os, numpy as np
+from threadpoolctl import threadpool_info
+from ppqlike.core.ir import Graph
+from ppqlike.executor import NumpyExecutor, OperationHook, num_threads
+
+def blas_threads():
+    return [entry["num_threads"] for entry in threadpool_info() if entry["user_api"] == "blas"]
+
+class Seen(OperationHook):
+    def before_operation(self, operation, inputs):
+        self.inside = blas_threads()
+
+graph = Graph("probe")
+x = graph.create_variable("x")
+w = graph.create_variable("w", value=np.ones((8, 3), np.float32))
+y = graph.create_variable("y")
+graph.create_operation("MatMul", [x, w], [y], name="mm")
+graph.inputs, graph.outputs = [x], [y]
+before = blas_threads()
+hook = Seen()
+NumpyExecutor(graph).forward({"x": np.ones((4, 8), np.float32)}, hooks=[hook])
+print(json.dumps({"kernel": num_threads(), "before": before, "inside": hook.inside, "after": blas_threads(),
+                  "cores": len(os.sched_getaffinity(0))}))
+"""
+
+
+def _probe(**environment):
+    import json
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS", "PPQLIKE_NUM_THREADS")}
+    env.update(environment)
+    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_plain_import_uses_every_usable_core_and_single_threaded_blas():
+    seen = _probe()
+    assert seen["kernel"] == seen["cores"]
+    assert seen["inside"] and set(seen["inside"]) == {1}   # BLAS single-threaded while ppqlike computes
+    assert seen["after"] == seen["before"]                # and the caller's setting restored after
+
+
+def test_environment_variables_override():
+    seen = _probe(OPENBLAS_NUM_THREADS="2")               # the user's BLAS setting is left alone
+    assert seen["inside"] == seen["before"] and seen["kernel"] == 1
+    seen = _probe(PPQLIKE_NUM_THREADS="3")
+    assert seen["kernel"] == 3 and set(seen["inside"]) == {1}
+    seen = _probe(OPENBLAS_NUM_THREADS="1", PPQLIKE_NUM_THREADS="2")
+    assert seen["kernel"] == 2 and set(seen["inside"]) == {1}

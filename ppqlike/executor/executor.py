@@ -40,6 +40,7 @@ from .onnxruntime_kernels import run_runtime_kernel, wants_runtime_kernel
 from .quantized_sum import quantized_sum
 from .requantizing_kernels import run_requantizing_kernel, wants_integer_kernel
 from .ops import Kernel, build_kernel
+from .ops._threads import computing_threads
 from .ops.tensor import zero_spatial_pads
 from .plan import Plan, Step, build_plan, release_values
 from .simulation import (argument_grids, fresh_results, keeps_grid, passes_through, quantize_inputs,
@@ -130,7 +131,13 @@ class NumpyExecutor:
 
     def forward(self, inputs: Any, output_names: Sequence[str] | None = None,
                 hooks: Sequence[OperationHook] = ()) -> list[np.ndarray]:
-        """Run the graph and return the requested outputs (graph outputs by default), in order."""
+        """Run the graph and return the requested outputs (graph outputs by default), in order (BLAS
+        single-threaded meanwhile, the parallel work on the kernel threads: ``ops._threads``)."""
+        with computing_threads():
+            return self._forward(inputs, output_names, hooks)
+
+    def _forward(self, inputs: Any, output_names: Sequence[str] | None,
+                 hooks: Sequence[OperationHook]) -> list[np.ndarray]:
         plan = self.compile(output_names)
         names = tuple(v.name for v in self.graph.outputs) if output_names is None else tuple(output_names)
         values: dict[str, Any] = self.prepare_inputs(inputs)

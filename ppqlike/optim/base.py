@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from ..core.compat import tolerant_collate
 from ..core.errors import CalibrationDataError, PlatformError
 from ..core.ir import Graph
+from ..executor import computing_threads
 
 
 class QuantizationOptimizationPass:
@@ -120,15 +121,17 @@ class QuantizationOptimizationPipeline:
             self.passes.append(new_pass)
 
     def optimize(self, graph: Graph, verbose: int = 0, **kwargs: Any) -> list[PassRecord]:
-        """Run every pass on ``graph``; returns (and keeps) one record per pass."""
+        """Run every pass on ``graph``; returns (and keeps) one record per pass.  BLAS runs single-threaded
+        meanwhile (its parallel work on the kernel threads), so results do not depend on the thread count."""
         self.records = []
-        for current in self.passes:
-            started = time.perf_counter()
-            report = current.optimize(graph, **kwargs) or {}
-            record = PassRecord(current.name, time.perf_counter() - started, dict(report))
-            self.records.append(record)
-            if verbose:
-                print(f"[ppqlike] {record.name:<28s} {record.seconds:7.2f}s  {_summary(record.report)}")
+        with computing_threads():
+            for current in self.passes:
+                started = time.perf_counter()
+                report = current.optimize(graph, **kwargs) or {}
+                record = PassRecord(current.name, time.perf_counter() - started, dict(report))
+                self.records.append(record)
+                if verbose:
+                    print(f"[ppqlike] {record.name:<28s} {record.seconds:7.2f}s  {_summary(record.report)}")
         return self.records
 
 

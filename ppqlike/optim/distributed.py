@@ -10,8 +10,9 @@ order (min/max; histograms over power-of-two ranges that re-bin exactly, see
 
 ``ray.init`` is the user's: when Ray is already initialised its cluster is used; otherwise a local one with
 N CPUs is started for the run (its workers import the same ppqlike as this process) and shut down after.
-Workers run BLAS with this process's thread count: OpenBLAS's float results depend on it, and with another
-count a few observed values (and the scales chosen from them) would differ in their last bits.
+Workers compute as this process does (``executor.ops._threads``): BLAS single-threaded, unless the user set
+its threads in the environment, which the workers then get too (OpenBLAS's float results depend on its thread
+count); each worker has its share of this process's kernel threads, which change no result.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from ..core.errors import PlatformError
 from ..core.ir import Graph
+from ..executor.ops._threads import BLAS_VARIABLES, blas_threads_from_environment, num_threads
 
 INSTALL_HINT = 'pip install "ppqlike[ray]" (or pip install ray)'
 
@@ -71,11 +73,13 @@ def split_into_shards(batches: list, workers: int) -> list[list]:
     return [shard for shard in shards if shard]
 
 
-def blas_threads_env() -> dict[str, str]:
-    """OMP/OpenBLAS/MKL thread counts of this process, for the workers (Ray sets 1 per CPU otherwise)."""
-    count = next((os.environ[name] for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-                  if os.environ.get(name, "").strip().isdigit()), str(os.cpu_count() or 1))
-    return {name: count for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+def worker_threads_env(workers: int) -> dict[str, str]:
+    """The thread variables of the workers: this process's BLAS setting where the user made one (Ray sets
+    OMP_NUM_THREADS=1 otherwise, which is what ppqlike's kernels use anyway), and each worker's share of the
+    kernel threads."""
+    blas = blas_threads_from_environment()
+    kernel = {"PPQLIKE_NUM_THREADS": str(max(1, num_threads() // max(1, workers)))}
+    return kernel if blas is None else {**kernel, **{name: str(blas) for name in BLAS_VARIABLES}}
 
 
 def _ppqlike_path() -> str:
@@ -96,9 +100,7 @@ def observe_on_ray(graph: Graph, batches: list, workers: int) -> ShardResults:
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  runtime_env={"env_vars": {"PYTHONPATH": path}})
     try:
-        # the workers' BLAS must use as many threads as this process: OpenBLAS splits its work by thread
-        # count, and float results (hence the observed values, hence the scales) depend on it
-        task = ray.remote(num_cpus=1, runtime_env={"env_vars": blas_threads_env()})(_observe_and_measure)
+        task = ray.remote(num_cpus=1, runtime_env={"env_vars": worker_threads_env(workers)})(_observe_and_measure)
         graph_ref = ray.put(graph)
         results = ray.get([task.remote(graph_ref, shard) for shard in shards])
     finally:

@@ -1,16 +1,25 @@
-"""Python threads for the kernels' independent work.
+"""Threads: BLAS's pool and the kernels' own, set at run time from the cores this process may use.
 
 Independent work (the images of a 1x1 convolution, depthwise images or
 chunks, patch matrices, row blocks of a large MatMul, ConvTranspose phases,
 pooling plane chunks, Softmax row blocks, blocks of multi-pass elementwise
-functions such as Erf, requantization chunks) can run on ``PPQLIKE_NUM_THREADS`` Python threads
-(numpy, einsum and BLAS release the GIL); the default is 1, leaving parallelism to
-BLAS.  On 2-vCPU machines the fastest setting measured was the other way
-round: ``OPENBLAS_NUM_THREADS=1`` with ``PPQLIKE_NUM_THREADS=2`` (depthwise
-layers about 25% faster, 1x1 layers about as fast, and no collapse when
-another process takes a core, which OpenBLAS's spin-waiting threads suffer).
-A second Python thread next to a multi-threaded OpenBLAS made things slower.
-Change it at run time with :func:`set_num_threads`.
+functions such as Erf, requantization chunks) runs on the kernel threads
+(numpy, einsum and BLAS release the GIL), while BLAS itself runs
+single-threaded (:func:`computing_threads`, through threadpoolctl).  On 2-vCPU
+machines that was the fastest setting measured (depthwise layers about 25%
+faster than a two-thread OpenBLAS, 1x1 layers about as fast, and no collapse
+when another process takes a core, which OpenBLAS's spin-waiting threads
+suffer), and it keeps results the same bits whatever the thread count:
+OpenBLAS cuts some products (matrix x vector) by its thread count.
+
+Defaults, so that a plain ``import ppqlike`` is the fast configuration: as
+many kernel threads as ``os.sched_getaffinity`` gives this process, BLAS at
+one thread while ppqlike computes (the caller's setting is restored after).
+Environment variables override: ``PPQLIKE_NUM_THREADS`` sets the kernel
+threads; ``OPENBLAS_NUM_THREADS`` (or ``MKL_NUM_THREADS``,
+``OMP_NUM_THREADS``) leaves BLAS as the user set it, with one kernel thread
+unless ``PPQLIKE_NUM_THREADS`` says otherwise.  :func:`set_num_threads`
+changes the kernel threads at run time.
 
 The calling thread works beside T - 1 pool threads, each taking the next job
 when free.  Two rules for the kernels: how work is cut must not depend on the
@@ -24,17 +33,46 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+from threadpoolctl import ThreadpoolController
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
 _POOL_LOCK = threading.Lock()
 _NUM_THREADS: int | None = None
 _INSIDE = threading.local()   # .job: this thread is running a job of parallel()
+#: the variables by which a user sets BLAS's threads, the first set one wins
+BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
+_BLAS = {"controller": None, "depth": 0, "limit": None}
+_BLAS_LOCK = threading.Lock()
+
+
+def _positive_integer(text: str | None) -> int | None:
+    text = (text or "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it, else the machine's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def blas_threads_from_environment() -> int | None:
+    """BLAS's thread count as the user set it in the environment (None: not set, ppqlike chooses)."""
+    return next((count for count in (_positive_integer(os.environ.get(name)) for name in BLAS_VARIABLES)
+                 if count is not None), None)
 
 
 def _default_threads() -> int:
-    value = os.environ.get("PPQLIKE_NUM_THREADS", "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else 1
+    chosen = _positive_integer(os.environ.get("PPQLIKE_NUM_THREADS"))
+    if chosen is not None:
+        return chosen
+    blas = blas_threads_from_environment()
+    return usable_cores() if blas is None or blas == 1 else 1
 
 
 def num_threads() -> int:
@@ -49,6 +87,30 @@ def set_num_threads(count: int | None) -> None:
     """Use ``count`` kernel threads (None: back to the default)."""
     global _NUM_THREADS
     _NUM_THREADS = None if count is None else max(1, int(count))
+
+
+@contextmanager
+def computing_threads():
+    """While ppqlike computes: BLAS single-threaded (its parallel work is on the kernel threads), unless the
+    environment sets BLAS's threads.  Re-entrant and shared by concurrent callers: the first to enter limits
+    BLAS, the last to leave restores what the caller had."""
+    if blas_threads_from_environment() is not None:
+        yield
+        return
+    with _BLAS_LOCK:
+        if _BLAS["depth"] == 0:
+            if _BLAS["controller"] is None:
+                _BLAS["controller"] = ThreadpoolController()
+            _BLAS["limit"] = _BLAS["controller"].limit(limits=1, user_api="blas")
+        _BLAS["depth"] += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _BLAS["depth"] -= 1
+            if _BLAS["depth"] == 0:
+                _BLAS["limit"].restore_original_limits()
+                _BLAS["limit"] = None
 
 
 def parallel(function, jobs) -> None:
