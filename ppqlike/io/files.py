@@ -86,7 +86,7 @@ def _data_files_of(model_path, near) -> tuple:
 @functools.lru_cache(maxsize=16)
 def _external_locations(path: str, mtime_ns: int, size: int) -> tuple:
     import onnx
-    from .onnx_files import tensor_slots
+    from .onnx_tensors import tensor_slots
     if size >= 2 ** 31:
         return ()
     try:

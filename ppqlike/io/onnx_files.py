@@ -14,6 +14,7 @@ from onnx import helper
 
 from ..core.errors import ExportError
 from .files import StagedFiles, check_not_protected
+from .onnx_tensors import tensor_slots
 
 #: Models whose tensors hold more bytes than this are written with external data (protobuf stops at 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 2 ** 31 - 2 ** 28
@@ -23,27 +24,6 @@ _ALIGNMENT = 4096  # offsets of tensors in the data file (lets readers map them)
 #: data types stored with several values per byte (4-bit), whose raw size is not count * itemsize
 PACKED_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
                          if hasattr(onnx.TensorProto, name))
-
-
-def tensor_slots(model: onnx.ModelProto):
-    """``(key, tensor)`` for every initializer, sparse initializer part and node tensor attribute; the key
-    names the tensor's place in the graph (stable while the graph is not edited)."""
-    graph = model.graph
-    for index, tensor in enumerate(graph.initializer):
-        yield ("initializer", index), tensor
-    for index, sparse in enumerate(graph.sparse_initializer):
-        yield ("sparse", index, "values"), sparse.values
-        yield ("sparse", index, "indices"), sparse.indices
-    for index, node in enumerate(graph.node):
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR:
-                yield ("node", index, attribute.name), attribute.t
-            elif attribute.type == onnx.AttributeProto.SPARSE_TENSOR:
-                yield ("node", index, attribute.name, "values"), attribute.sparse_tensor.values
-                yield ("node", index, attribute.name, "indices"), attribute.sparse_tensor.indices
-            elif attribute.type == onnx.AttributeProto.TENSORS:
-                for position, tensor in enumerate(attribute.tensors):
-                    yield ("node", index, attribute.name, position), tensor
 
 
 def tensor_nbytes(tensor: onnx.TensorProto) -> int:

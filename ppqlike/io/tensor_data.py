@@ -13,7 +13,8 @@ from onnx import helper, numpy_helper
 
 from ..core.errors import ModelLoadError
 from .files import check_allocation
-from .onnx_files import PACKED_TYPES, tensor_nbytes, tensor_slots
+from .onnx_files import PACKED_TYPES, tensor_nbytes
+from .onnx_tensors import tensor_slots
 
 _CHUNK = 1 << 26  # bytes per read call (one call cannot read 2 GiB)
 

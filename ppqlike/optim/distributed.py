@@ -47,15 +47,15 @@ class ShardResults:
     worker_peak_mib: list[float]        # peak resident memory of each worker process (the OS's ru_maxrss)
 
 
-def _observe_and_measure(graph: Graph, batches: list) -> tuple[list, float, float]:
-    """One worker's task: its shard's observers, the seconds it took and the process's peak RSS (MiB)."""
+def _observe_and_measure(graph: Graph, batches: list, observe) -> tuple[list, float, float]:
+    """One worker's task: ``observe(graph, batches)`` (its shard's observers), the seconds it took and the
+    process's peak RSS (MiB)."""
     import resource
     import sys
     import time
 
-    from .passes.calibration import observe_shard
     started = time.perf_counter()
-    observers = observe_shard(graph, batches)
+    observers = observe(graph, batches)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak_mib = peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
     return observers, time.perf_counter() - started, peak_mib
@@ -87,9 +87,10 @@ def _ppqlike_path() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(ppqlike.__file__)))
 
 
-def observe_on_ray(graph: Graph, batches: list, workers: int) -> ShardResults:
-    """Run :func:`ppqlike.optim.passes.calibration.observe_shard` on ``workers`` Ray workers (see the module
-    docstring); the driver keeps no executor state, only the batches it sends."""
+def observe_on_ray(graph: Graph, batches: list, workers: int, observe) -> ShardResults:
+    """Run ``observe(graph, shard)`` (the calibration pass's ``observe_shard``: a module-level function, which
+    Ray sends by name) on ``workers`` Ray workers (see the module docstring); the driver keeps no executor
+    state, only the batches it sends."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise PlatformError(f"calibration_workers must be a positive integer, got {workers!r}")
     ray = require_ray()
@@ -102,7 +103,7 @@ def observe_on_ray(graph: Graph, batches: list, workers: int) -> ShardResults:
     try:
         task = ray.remote(num_cpus=1, runtime_env={"env_vars": worker_threads_env(workers)})(_observe_and_measure)
         graph_ref = ray.put(graph)
-        results = ray.get([task.remote(graph_ref, shard) for shard in shards])
+        results = ray.get([task.remote(graph_ref, shard, observe) for shard in shards])
     finally:
         if started_here:
             ray.shutdown()

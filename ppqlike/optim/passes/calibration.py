@@ -24,6 +24,7 @@ from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.quant_graph import configured_operations, input_config, output_config
 from ...executor import NumpyExecutor, OperationHook
 from ..base import QuantizationOptimizationPass, iterate_calibration
+from ..distributed import observe_on_ray
 from ..observers import make_observer
 from .threshold_search import search_thresholds
 
@@ -121,9 +122,8 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
         first_batches = []
         batches = iterate_calibration(dataloader, calib_steps, collate_fn, "calibration", self.verbose)
         if self.backend == "ray":
-            from ..distributed import observe_on_ray
             batches = list(_checked(batches, graph))
-            shards = observe_on_ray(graph, batches, self.workers)
+            shards = observe_on_ray(graph, batches, self.workers, observe_shard)
             first_batches = batches[:self.search_batches]
             workers_report = {"workers": len(shards.observers),
                               "worker_seconds": [round(t, 3) for t in shards.worker_seconds],
