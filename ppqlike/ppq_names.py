@@ -9,20 +9,39 @@ and noted once (``ppqlike.core.compat``).  See docs/MIGRATING_FROM_PPQ.md.
 from __future__ import annotations
 
 import warnings
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from . import __version__
 from .core.compat import ignore_device, note_once
+from .core.declared_names import DeclaredAttributes
 from .core.ir import Graph
 from .executor import NumpyExecutor
 
 BaseGraph = Graph
 
-#: PPQ's global configuration object, as far as scripts read it
-PPQ_CONFIG = SimpleNamespace(USING_CUDA_KERNEL=False, VERSION=__version__, PPQ_DEBUG=False)
+
+class _PPQConfiguration(DeclaredAttributes):
+    """PPQ's global configuration object, with PPQ's names (they change nothing here; a misspelled one is
+    refused)."""
+
+    def __init__(self):
+        self.USING_CUDA_KERNEL, self.NAME, self.VERSION = False, "ppqlike", __version__
+        self.DUMP_VALUE_WHEN_EXPORT, self.EXPORT_PPQ_INTERNAL_INFO, self.PPQ_DEBUG = True, False, False
+
+    def _declared_attributes(self):
+        return ("USING_CUDA_KERNEL", "NAME", "VERSION", "DUMP_VALUE_WHEN_EXPORT", "EXPORT_PPQ_INTERNAL_INFO",
+                "PPQ_DEBUG")
+
+    def _attribute_owner(self) -> str:
+        return "PPQ_CONFIG"
+
+    def __repr__(self) -> str:
+        return f"PPQ_CONFIG({vars(self)})"
+
+
+PPQ_CONFIG = _PPQConfiguration()
 
 
 class TorchExecutor(NumpyExecutor):

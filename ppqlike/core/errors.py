@@ -43,3 +43,17 @@ class PlatformError(PPQLikeError):
 
 class ExportError(PPQLikeError):
     """A model or config could not be exported, or the destination is unusable."""
+
+
+class UnknownSettingError(PlatformError, AttributeError):
+    """A setting, option or attribute that the object does not define (a misspelling, or another tool's
+    name), refused before anything runs; the message names it and the closest valid names.  An
+    AttributeError too, as Python's own would be."""
+
+
+class UnknownKeywordError(UnknownSettingError, TypeError):
+    """A keyword option that a constructor or function does not take (a TypeError too, as Python's own)."""
+
+
+class UnknownExportOptionError(UnknownKeywordError, ExportError):
+    """An export option that the exporters do not take."""

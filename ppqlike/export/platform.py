@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import warnings
 
-from ..core.errors import ExportError
+from ..core.declared_names import unknown_name_error
+from ..core.errors import ExportError, UnknownExportOptionError
 from ..core.ir import Graph
 from ..core.quant_graph import configured_operations
 from ..io.files import StagedFiles
@@ -53,7 +54,8 @@ def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=No
     """
     unknown = sorted(set(options) - set(EXPORT_OPTIONS))
     if unknown:
-        raise ExportError(f"unknown export option(s) {unknown}; valid options are {list(EXPORT_OPTIONS)}")
+        raise unknown_name_error(f"unknown export option(s) {unknown}", unknown, EXPORT_OPTIONS, noun="options",
+                                 error=UnknownExportOptionError)
     platform = TargetPlatform.parse(platform)
     policy = get_platform_policy(platform)
     meta = graph.metadata.get("quantization") or {}

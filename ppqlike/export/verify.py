@@ -25,6 +25,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from ..core.declared_names import refuse_unknown_keywords
+from ..core.errors import UnknownExportOptionError
 from ..core.ir import Graph
 from ..executor import NumpyExecutor
 from ..io.onnx_files import onnxruntime_session
@@ -123,12 +125,13 @@ def verify_export(graph: Graph, inputs, model: onnx.ModelProto | None = None,
                   optimizations=("disable", "all"), per_operation_inputs=None, **options) -> dict:
     """Measure the export of ``graph`` against its simulation on ``inputs``.
 
-    ``model``: the exported ModelProto (built with ``options`` when None).  ``optimizations``:
-    the onnxruntime levels to run end to end.  ``per_operation_inputs``: inputs for the op-by-op
+    ``model``: the exported ModelProto (built with ``options``, build_qdq_model's keywords, when None).
+    ``optimizations``: the onnxruntime levels to run end to end.  ``per_operation_inputs``: inputs for the op-by-op
     check (a few images: every intermediate tensor is kept), None to skip it.  Returns
     ``{"end_to_end": {level: {output: compare_outputs(...)}}, "per_operation": {...},
     "rounding_mismatch": ...}``.
     """
+    refuse_unknown_keywords(build_qdq_model, options, "verify_export()", error=UnknownExportOptionError)
     report = None
     if model is None:
         model, report = build_qdq_model(graph, **options)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..core.compat import ignore_device
+from ..core.compat import ignore_device, note_once
+from ..core.declared_names import refuse_unknown_keywords
 from ..core.errors import PlatformError
 from ..core.ir import Graph
 from ..export.platform import export_for_platform
@@ -31,6 +32,9 @@ from ..platforms.quantizer import PlatformQuantizer
 from ..platforms.target import TargetPlatform
 
 __all__ = ["Dispatcher", "Exporter", "Pipeline", "Quantizer"]
+
+#: PPQ's keywords of ``dispatch`` that change nothing here
+_PPQ_DISPATCH_KEYWORDS = ("quant_platform", "fp32_platform", "SOI_platform")
 
 
 class Quantizer:
@@ -80,7 +84,12 @@ class Dispatcher:
         self.graph, self.method = graph, method
 
     def dispatch(self, quant_types: Iterable[str], **options) -> DispatchingTable:
-        """{op name: UNSPECIFIED (quantized region) | FP32 | SOI}, as PPQ's dispatcher returns it."""
+        """{op name: UNSPECIFIED (quantized region) | FP32 | SOI}, as PPQ's dispatcher returns it.  PPQ's
+        ``quant_platform``, ``fp32_platform`` and ``SOI_platform`` are accepted and noted (the labels are
+        these); any other keyword is refused."""
+        refuse_unknown_keywords(Dispatcher.dispatch, options, "Dispatcher.dispatch()", _PPQ_DISPATCH_KEYWORDS)
+        for key in sorted(options):
+            note_once(f"Dispatcher.dispatch({key}=...) has no counterpart in ppqlike; it is ignored")
         # any quantized platform labels the region; the quantizer decides the platform afterwards
         dispatch_graph(self.graph, TargetPlatform.ACADEMIC_INT8, quant_types, dispatcher=self.method)
         table = DispatchingTable()

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from tqdm.auto import tqdm
 
 from ..core.compat import tolerant_collate
+from ..core.declared_names import refuse_unknown_keywords
 from ..core.errors import CalibrationDataError, PlatformError
 from ..core.ir import Graph
 from ..executor import computing_threads
@@ -24,9 +25,19 @@ class QuantizationOptimizationPass:
 
     ``optimize`` edits the graph's configs in place and may return a dict of
     facts to report (counts, errors); the pipeline records it.
+
+    Constructing a pass with a keyword its ``__init__`` does not take raises UnknownKeywordError naming the
+    closest one; a constructor with ``**kwargs`` is checked against its named parameters and
+    ``accepted_keywords`` (PPQ's options that change nothing here), unless that is None.
     """
 
     name: str = "pass"
+    #: the keywords a constructor's ``**kwargs`` takes besides its named parameters (None: any)
+    accepted_keywords: tuple[str, ...] | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        refuse_unknown_keywords(cls.__init__, kwargs, f"{cls.__name__}()", cls.accepted_keywords)
+        return super().__new__(cls)
 
     def optimize(self, graph: Graph, executor: Any = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None,

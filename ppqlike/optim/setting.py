@@ -1,6 +1,8 @@
 """QuantizationSetting: the user's knobs for one quantization run, saved to and loaded from JSON.
 
-A setting says which passes run and how; the platform's policy
+Assigning an attribute the setting does not define (``setting.smoothquant = True``) is refused, naming the
+closest field (``ppqlike.core.declared_names``), as the JSON loader refuses unknown keys.  A setting says which
+passes run and how; the platform's policy
 (``ppqlike.platforms``) says what the hardware needs.  Where both speak (the
 activation observer, Add alignment) a setting value other than None wins.
 """
@@ -12,6 +14,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 
+from ..core.declared_names import unknown_name_error
 from ..core.errors import PlatformError
 from ..io.files import atomic_write_bytes, read_json
 from ..platforms.target import TargetPlatform
@@ -191,7 +194,7 @@ class QuantizationSetting(PPQSettingViews):
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise PlatformError(f"unknown setting keys {unknown}; valid keys are {sorted(known)}")
+            raise unknown_name_error(f"unknown setting keys {unknown}", unknown, known, noun="keys")
         return cls(**data)
 
     def save(self, path: str | os.PathLike) -> None:

@@ -1,9 +1,10 @@
 """PPQ's pass classes by name, over ppqlike's passes (``from ppqlike.quantization.optim import ...``).
 
 Each PPQ name is ppqlike's pass of that job, taking PPQ's constructor
-keywords: those with a ppqlike meaning are used, the others accepted and
-noted once.  Passes PPQ has and ppqlike lacks raise a PlatformError naming the
-closest one.  Use them in ``ppqlike.lib.Pipeline`` as in PPQ.
+keywords: those with a ppqlike meaning are used, PPQ's others
+(``accepted_keywords``) accepted and noted once, any other refused (an
+UnknownKeywordError naming the closest).  Passes PPQ has and ppqlike lacks
+raise a PlatformError naming the closest one.  Use them in ``ppqlike.lib.Pipeline`` as in PPQ.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def _ignored(pass_name: str, options: dict) -> None:
 class QuantizeRefinePass(_Refine):
     """PPQ's QuantizeRefinePass: the policy is the quantized ops' platform's when not given."""
 
+    accepted_keywords = ()
+
     def __init__(self, policy=None, **options):
         _ignored("QuantizeRefinePass", options)
         self.policy = policy
@@ -57,6 +60,8 @@ class QuantizeRefinePass(_Refine):
 class QuantizeSimplifyPass(QuantizationSimplifyPass):
     """PPQ's QuantizeSimplifyPass (ppqlike's simplify)."""
 
+    accepted_keywords = ()
+
     def __init__(self, **options):
         _ignored("QuantizeSimplifyPass", options)
         super().__init__()
@@ -65,6 +70,8 @@ class QuantizeSimplifyPass(QuantizationSimplifyPass):
 class QuantizeFusionPass(FusionPass):
     """PPQ's QuantizeFusionPass: ``activation_type`` is the set of activation types fused into their producer."""
 
+    accepted_keywords = ("fuse_passive_op", "fuse_relu_clip")
+
     def __init__(self, activation_type=None, fuse_activation: bool = True, **options):
         _ignored("QuantizeFusionPass", options)
         super().__init__(activation_types=frozenset(activation_type or ()) if fuse_activation else frozenset())
@@ -72,6 +79,8 @@ class QuantizeFusionPass(FusionPass):
 
 class RuntimeCalibrationPass(_Calibration):
     """PPQ's RuntimeCalibrationPass: ``method`` sets the observer of every activation still to calibrate."""
+
+    accepted_keywords = ("calib_steps",)
 
     def __init__(self, method: str | None = None, override: bool = False, calib_block_size: int = 16, **options):
         _ignored("RuntimeCalibrationPass", options)
@@ -94,6 +103,8 @@ class RuntimeCalibrationPass(_Calibration):
 class PassiveParameterQuantizePass(_Passive):
     """PPQ's PassiveParameterQuantizePass (biases, Clip/Pad bounds follow their masters)."""
 
+    accepted_keywords = ("clip_visiblity", "pad_visiblity")  # PPQ's spelling
+
     def __init__(self, process_clip: bool = True, process_bias: bool = True, process_pad: bool = True, **options):
         _ignored("PassiveParameterQuantizePass", options)
         super().__init__()
@@ -101,6 +112,8 @@ class PassiveParameterQuantizePass(_Passive):
 
 class QuantAlignmentPass(QuantizationAlignmentPass):
     """PPQ's QuantAlignmentPass: ``elementwise_alignment`` 'Align to Large' | 'Align to Output' | 'None'."""
+
+    accepted_keywords = ("resize_alignment",)
 
     def __init__(self, elementwise_alignment: str | None = "Align to Output", concat_alignment: str | None = "Align "
                  "to Output", pooling_alignment=None, force_overlap: bool = False, **options):
@@ -115,6 +128,10 @@ class QuantAlignmentPass(QuantizationAlignmentPass):
 class LayerwiseEqualizationPass(_Equalization):
     """PPQ's LayerwiseEqualizationPass: ``iterations`` rounds of cross-layer equalization."""
 
+    accepted_keywords = ("value_threshold", "including_weight", "weight_multiplier", "including_bias",
+                         "including_act", "bias_multiplier", "act_multiplier", "interested_layers",
+                         "optimize_level", "verbose")
+
     def __init__(self, iterations: int = 10, **options):
         _ignored("LayerwiseEqualizationPass", options)
         super().__init__(iterations=iterations)
@@ -123,6 +140,9 @@ class LayerwiseEqualizationPass(_Equalization):
 class AdaRoundPass(AdaroundPass):
     """PPQ's AdaRoundPass (ppqlike's AdaroundPass): ``steps`` optimisation steps per layer."""
 
+    accepted_keywords = ("name", "interested_layers", "is_scale_trainable", "lr", "gamma", "collecting_device",
+                         "block_size")
+
     def __init__(self, steps: int = 500, **options):
         _ignored("AdaRoundPass", options)
         super().__init__(steps=steps)
@@ -130,6 +150,9 @@ class AdaRoundPass(AdaroundPass):
 
 class LearnedStepSizePass(QuantizationOptimizationPass):
     """PPQ's LSQ training: not in ppqlike (it would need gradients through the whole network)."""
+
+    accepted_keywords = ("name", "interested_layers", "steps", "gamma", "is_scale_trainable", "lr", "block_size",
+                         "expire_device", "collecting_device", "loss_fn", "optimizer")
 
     def __init__(self, *args, **kwargs):
         raise PlatformError("LearnedStepSizePass (LSQ training) is not implemented in ppqlike; the closest is "
