@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .analysis.error import graphwise_error_analyse, layerwise_error_analyse
+from .analysis.verdict import quantization_verdict
 from .core.compat import ignore_device, note_once, tolerant_collate
 from .core.errors import CalibrationDataError, GraphError, PlatformError
 from .core.ir import Graph
@@ -40,6 +41,7 @@ class _CheckedBatches:
         self.graph, self.dataloader, self.collate_fn = graph, dataloader, tolerant_collate(collate_fn)
         self.input_shape = None if input_shape is None else list(input_shape)
         self.inputs = inputs
+        self.first = None
 
     def __len__(self):
         return len(self.dataloader)  # type: ignore[arg-type]
@@ -48,9 +50,12 @@ class _CheckedBatches:
         for index, batch in enumerate(self.dataloader):
             batch = self.collate_fn(batch) if self.collate_fn is not None else batch
             try:
-                yield self._check(batch)
+                checked = self._check(batch)
             except CalibrationDataError as error:
                 raise CalibrationDataError(f"calibration batch {index}: {error}") from None
+            if index == 0:
+                self.first = checked   # for the verdict, when no batch can be held aside
+            yield checked
 
     def _check(self, batch):
         graph = self.graph
@@ -110,21 +115,25 @@ class _BatchRange:
         return itertools.islice(self.dataloader, self.start, self.stop)
 
 
+#: with at least this many calibration batches (and no accuracy target), the last one is held aside for the
+#: verdict and the protection of sensitive layers
+HOLD_ASIDE_FROM = 4
+
+
 def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
     """(calibration batches, their count, held-aside batches or None): with an accuracy target, the last
     ``mixed_precision_batches`` of the calibration data are held aside from calibration and the target is
-    measured on them; when the data's length is unknown or too short, nothing is held aside (the target is
-    then measured on calibration batches, and the pass's report says so)."""
-    held = setting.mixed_precision_batches
-    if setting.accuracy_target is None:
-        return batches, calib_steps, None
+    measured on them; without one, the last batch when there are ``HOLD_ASIDE_FROM`` or more (the verdict
+    and the protection pass measure on it).  When the data's length is unknown or too short, nothing is
+    held aside (those measures then run on calibration batches, and their reports say so)."""
+    held = setting.mixed_precision_batches if setting.accuracy_target is not None else 1
     total = calib_steps
     if total is None:
         try:
             total = len(batches)
         except TypeError:
             return batches, calib_steps, None
-    if total <= held:
+    if total <= held or (setting.accuracy_target is None and total < HOLD_ASIDE_FROM):
         return batches, calib_steps, None
     return _BatchRange(batches, 0, total - held), total - held, _BatchRange(batches, total - held, total)
 
@@ -183,17 +192,21 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
                              dispatching_table=setting.dispatching_table or None, transformer=policy.transformer)
     PlatformQuantizer(policy).quantize(graph)
     executor = NumpyExecutor(graph)
-    batches = _CheckedBatches(graph, calib_dataloader, collate_fn, input_shape, inputs)
+    batches = checked = _CheckedBatches(graph, calib_dataloader, collate_fn, input_shape, inputs)
     batches, calib_steps, held_aside = _hold_aside(batches, calib_steps, setting)
     pipeline = build_pipeline(policy, setting, verbose)
     records = pipeline.optimize(graph, verbose=verbose, executor=executor, dataloader=batches,
                                 calib_steps=calib_steps, collate_fn=None, held_aside=held_aside)
+    verdict_batch = next(iter(held_aside)) if held_aside is not None else checked.first
+    verdict = None if verdict_batch is None else quantization_verdict(graph, executor, verdict_batch,
+                                                                      held_aside=held_aside is not None)
     graph.metadata["quantization"] = {
         **graph.metadata.get("quantization", {}),  # what passes recorded (mixed_precision_fp32_ops)
         "platform": platform.name, "setting": setting.to_dict(), "dispatch": summary,
         "effective_setting": effective_setting(setting, policy), "recipe": recipe,
         "formatting": {k: str(v) for k, v in formatting.items()},
         "passes": [{"name": r.name, "seconds": round(r.seconds, 4), "report": r.report} for r in records],
+        "verdict": verdict,
         "seconds": round(time.perf_counter() - started, 3),
         "source": os.fspath(onnx_import_file) if isinstance(onnx_import_file, (str, os.PathLike)) else None,
     }

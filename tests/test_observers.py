@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from ppqlike.core.errors import CalibrationDataError, QuantizationPolicyError
 from ppqlike.core.numerics import minmax_to_scale_offset
 from ppqlike.core.quant import QuantizationPolicy, QuantizationStates, TensorQuantizationConfig
 from ppqlike.core.quant_policy import QuantizationProperty as QP
 from ppqlike.optim.observers import (
-    OBSERVER_TYPES, HistogramObserver, KLObserver, MinMaxObserver, MSEObserver, Observer, PercentileObserver,
-    SearchObserver, kl_best_bins, kl_divergences, make_observer,
+    OBSERVER_TYPES, HistogramObserver, KLObserver, MeanMinMaxObserver, MinMaxObserver, MSEObserver, Observer,
+    PercentileObserver, SearchObserver, kl_best_bins, kl_divergences, make_observer,
 )
 
-ALGORITHMS = ["minmax", "percentile", "kl", "entropy", "mse", "search"]
+ALGORITHMS = ["minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search"]
 HISTOGRAM_ALGORITHMS = ["percentile", "kl", "mse", "search"]
 
 
@@ -43,8 +46,9 @@ def gaussian_with_outliers():
 def test_registry_is_read_only_and_complete():
     assert set(OBSERVER_TYPES) == set(ALGORITHMS)
     assert OBSERVER_TYPES["entropy"] is OBSERVER_TYPES["kl"] is KLObserver
-    assert (OBSERVER_TYPES["minmax"], OBSERVER_TYPES["percentile"], OBSERVER_TYPES["mse"],
-            OBSERVER_TYPES["search"]) == (MinMaxObserver, PercentileObserver, MSEObserver, SearchObserver)
+    assert (OBSERVER_TYPES["minmax"], OBSERVER_TYPES["percentile"], OBSERVER_TYPES["mse"], OBSERVER_TYPES["search"],
+            OBSERVER_TYPES["mean_minmax"]) == (MinMaxObserver, PercentileObserver, MSEObserver, SearchObserver,
+                                               MeanMinMaxObserver)
     with pytest.raises(TypeError):
         OBSERVER_TYPES["mine"] = MinMaxObserver
     for name, cls in OBSERVER_TYPES.items():
@@ -460,3 +464,44 @@ def test_kl_keeps_the_full_range_of_discrete_data():
     observer.observe(pixels)
     low, high = observer.thresholds()
     assert float(high) == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ mean min-max (NNCF's MEAN_MINMAX)
+@given(arrays=st.lists(hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 3), st.integers(1, 5)),
+                                  elements=st.floats(-1e4, 1e4, width=32)), min_size=1, max_size=5),
+       order=st.randoms(use_true_random=False))
+@settings(max_examples=60, deadline=None)
+def test_mean_minmax_is_the_exact_mean_of_per_sample_extremes_in_any_order(arrays, order):
+    samples = [row for batch in arrays for row in batch]
+    lows = np.array([row.min() for row in samples], np.float64)
+    highs = np.array([row.max() for row in samples], np.float64)
+    whole = observer("mean_minmax", symmetric=False)
+    for batch in arrays:
+        whole.observe(batch)
+    lo, hi = whole.thresholds()
+    assert lo == pytest.approx(float(np.mean(lows)), rel=1e-12, abs=1e-30)
+    assert hi == pytest.approx(float(np.mean(highs)), rel=1e-12, abs=1e-30)
+    shards = []
+    for batch in arrays:
+        shard = observer("mean_minmax", symmetric=False)
+        shard.observe(batch)
+        shards.append(shard)
+    order.shuffle(shards)
+    merged = observer("mean_minmax", symmetric=False)
+    for shard in shards:
+        merged.merge(shard)
+    assert merged.thresholds() == (lo, hi)   # exact sums: the same bits in any order
+
+
+def test_mean_minmax_reads_samples_from_a_channels_last_view():
+    nhwc = np.random.default_rng(3).standard_normal((6, 5, 4, 3)).astype(np.float32)
+    nchw = nhwc.transpose(0, 3, 1, 2)          # what the executor hands over: no copy is made
+    seen = observer("mean_minmax", symmetric=False)
+    seen.observe(nchw)
+    lo, hi = seen.thresholds()
+    assert lo == pytest.approx(nhwc.reshape(6, -1).min(axis=1).astype(np.float64).mean(), rel=1e-12)
+    assert hi == pytest.approx(nhwc.reshape(6, -1).max(axis=1).astype(np.float64).mean(), rel=1e-12)
+    shuffled = np.ascontiguousarray(nhwc.transpose(1, 0, 2, 3)).transpose(1, 0, 2, 3)   # batch axis not outermost
+    other = observer("mean_minmax", symmetric=False)
+    other.observe(shuffled)
+    assert other.thresholds() == (lo, hi)

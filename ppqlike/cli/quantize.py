@@ -301,6 +301,16 @@ def run_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantize_split(metadata: dict) -> dict:
+    """The quantization's seconds split: calibration (the calibration pass), the other passes, the rest
+    (loading, formatting, dispatch, the verdict)."""
+    passes = {p["name"]: p["seconds"] for p in metadata.get("passes", [])}
+    calibration = passes.get("calibration", 0.0)
+    others = sum(passes.values()) - calibration
+    return {"calibration": round(calibration, 3), "passes": round(others, 3),
+            "load_and_verdict": round(max(0.0, metadata.get("seconds", 0.0) - calibration - others), 3)}
+
+
 def export_folder(graph, platform, output, names: dict, source: str, started: float, calibration=None,
                   report_data=None, verbose: bool = False) -> dict:
     """Export ``graph`` into ``output`` (whole or nothing) with a summary.json; returns the summary.
@@ -343,9 +353,12 @@ def export_folder(graph, platform, output, names: dict, source: str, started: fl
             "config_states": exported_states(graph), "calibration": calibration,
             "exporter": info["exporter"], "export_notes": info["notes"],
             "seconds": {"quantize": round(metadata.get("seconds", 0.0), 3),
+                        **_quantize_split(metadata),
                         "export": round(finished - quantized_at - (report["seconds"] if report else 0.0), 3),
                         **({"report": report["seconds"]} if report else {}), "total": round(finished - started, 3)},
             "recipe": metadata.get("recipe"),
+            "verdict": metadata.get("verdict"),
+            "protected_ops": metadata.get("protected_ops"),
             "moved_to_fp32_for_accuracy_target": metadata.get("mixed_precision_fp32_ops"),
             "moved_to_int16_for_accuracy_target": metadata.get("mixed_precision_int16_ops"),
             "passes": [{"name": p["name"], "seconds": p["seconds"]} for p in metadata.get("passes", [])],

@@ -3,7 +3,7 @@
 One place says what a quantization run does: :func:`resolve_policy` (the
 platform's policy with the setting's overrides), :func:`format_for_quantization`
 (the graph formatting the setting enables) and :func:`build_pipeline` (the
-passes, in order: refine, fusion, simplify, [smooth quant], [equalization], parameter,
+passes, in order: refine, [placement], fusion, simplify, [smooth quant], [equalization], parameter,
 [AdaRound], calibration, alignment, passive, [range search], [bias correction], [mixed
 precision], [integer requantization], [runtime kernels], baking).
 """
@@ -20,8 +20,9 @@ from ..platforms.policies import get_platform_policy
 from ..platforms.quantizer import PlatformPolicy
 from .base import DEFAULT_PASS_REGISTRY, QuantizationOptimizationPipeline, TimeBudget
 from .passes import (ActivationRangeSearchPass, AdaroundPass, BiasCorrectionPass, FusionPass, Int32BiasRangePass,
-                     IntegerRequantizationPass, LayerwiseEqualizationPass, MixedPrecisionPass, ParameterBakingPass,
+                     IntegerRequantizationPass, LayerProtectionPass, LayerwiseEqualizationPass, MixedPrecisionPass, ParameterBakingPass,
                      ParameterQuantizePass, PassiveParameterQuantizePass, QuantizationAlignmentPass,
+                     QuantizationPlacementPass,
                      QuantizationSimplifyPass, QuantizeRefinePass, RuntimeCalibrationPass, RuntimeKernelPass,
                      SmoothQuantPass)
 from .setting import QuantizationSetting
@@ -37,11 +38,13 @@ class Recipe:
     name: str
     description: str
     activation_observer: str | None = None   # per-tensor activation ranges, where the setting leaves None
+    terminal_observer: str | None = None     # ranges of tensors no quantized op reads, where the recipe chose both
     bias_correction: bool = False            # empirical bias correction where the platform keeps a bias
     equalization: bool = False               # cross-layer equalization where weights are per tensor
     adaround: bool = False                   # learned rounding of the weights (8-bit as well as 4-bit)
     smooth_quant: bool = False               # LayerNorm outliers into the next weights (transformers only)
     range_search: bool = False               # activation ranges chosen again at their readers, quantized inputs
+    protection: bool = False                 # the layers whose quantization alone wrecks the output protected
     time_budget_s: float | None = None       # the learned rounding's seconds, where the setting leaves None
 
 
@@ -90,9 +93,11 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
     changes: dict[str, Any] = {}
     if recipe.activation_observer is not None and setting.activation_observer is None:
         changes["activation_observer"] = recipe.activation_observer
+        if recipe.terminal_observer is not None and setting.terminal_observer is None:
+            changes["terminal_observer"] = recipe.terminal_observer
     if recipe.equalization and not setting.equalization and not policy.weight.per_channel:
         changes["equalization"] = True
-    for name in ("bias_correction", "adaround", "smooth_quant", "range_search"):  # passes a recipe turns on where they are off
+    for name in ("bias_correction", "adaround", "smooth_quant", "range_search", "protection"):  # passes a recipe turns on where they are off
         if getattr(recipe, name) and not getattr(setting, name):
             changes[name] = True
     if recipe.time_budget_s is not None and setting.time_budget_s is None:
@@ -133,6 +138,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                    registry=DEFAULT_PASS_REGISTRY) -> QuantizationOptimizationPipeline:
     """The pipeline for ``policy`` and ``setting``, with the registered user passes placed in it."""
     passes = [QuantizeRefinePass(policy)]
+    if policy.placement != "every_output":
+        passes.append(QuantizationPlacementPass(policy.placement))
     budget = TimeBudget(setting.time_budget_s)  # shared by the passes that stop at it
     if setting.fusion:
         passes.append(FusionPass(policy.fused_activations))
@@ -151,7 +158,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                                    # leave part of the budget to the range search, which gains more on some models
                                    time_budget_s=budget.part(0.6) if setting.range_search else budget))
     passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0,
-                                      backend=setting.calibration_backend, workers=setting.calibration_workers),
+                                      backend=setting.calibration_backend, workers=setting.calibration_workers,
+                                      terminal_observer=setting.terminal_observer),
                QuantizationAlignmentPass(setting.concat_alignment, policy.add_alignment),
                PassiveParameterQuantizePass()]
     if policy.bias_int32:  # before the passes that measure errors: they see biases that fit
@@ -164,12 +172,16 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
     if setting.bias_correction:  # measures the error of the weights as they will be baked
         passes.append(BiasCorrectionPass(steps=setting.bias_correction_steps,
                                          new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0))
+    if setting.protection:  # after the passes that change configs, before the accuracy target
+        passes.append(LayerProtectionPass(higher_precision_bits=policy.higher_precision_bits,
+                                          float_boundaries=policy.placement == "compute_inputs",
+                                          verbose=verbose > 0))
     if setting.accuracy_target is not None:  # needs every other decision taken
         passes.append(MixedPrecisionPass(setting.accuracy_target,
                                          batches=setting.mixed_precision_batches,
                                          max_ops=setting.mixed_precision_max_ops, verbose=verbose > 0,
                                          higher_precision_bits=policy.higher_precision_bits))
-    if policy.bias_int32 and setting.accuracy_target is not None:
+    if policy.bias_int32 and (setting.accuracy_target is not None or setting.protection):
         passes.append(Int32BiasRangePass())  # again: moving ops off 8 bits made new weight scales
     if policy.integer_requantization:
         passes.append(IntegerRequantizationPass())

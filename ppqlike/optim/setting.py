@@ -20,7 +20,7 @@ from ..io.files import atomic_write_bytes, read_json
 from ..platforms.target import TargetPlatform
 from .ppq_setting import DispatchingTable, PPQSettingViews
 
-_OBSERVERS = ("minmax", "percentile", "kl", "entropy", "mse", "search")
+_OBSERVERS = ("minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
 _EQUALIZATION_CLIP = ("exact", "skip")
 _RECIPES = ("plain", "balanced", "best")  # what each does: ppqlike.optim.recipe.RECIPES (a test keeps them equal)
@@ -63,7 +63,9 @@ class QuantizationSetting(PPQSettingViews):
     Formatting: ``fold_constants``, ``fold_batchnorm``, ``remove_identity``,
     ``fold_bias_add``, ``fold_pad`` (zero Pads into Conv pads).  Dispatch:
     ``dispatcher`` and ``dispatching_table`` (op name -> 'TARGET' | 'FP32').  Passes: ``fusion``, ``simplify``,
-    ``activation_observer`` (None: the platform's default),
+    ``activation_observer`` (None: the platform's default), ``terminal_observer`` (the observer of
+    tensors no quantized op reads: graph outputs and what only float ops read; None: the activation
+    observer),
     ``weight_per_channel`` (None: the platform's), ``add_alignment`` (None:
     the platform's; 'none' | 'larger' | 'output'), ``concat_alignment``,
     ``search_batches`` (batches the TPU-style search evaluates on);
@@ -83,6 +85,8 @@ class QuantizationSetting(PPQSettingViews):
     ``smooth_quant_alpha`` the migration strength, None: chosen per LayerNorm on the calibration data),
     ``range_search`` (each per-tensor activation range chosen again by the error it causes at its
     readers, with the quantized inputs they will see, on ``range_search_samples`` calibration samples),
+    ``protection`` (the few layers whose 8-bit quantization alone wrecks the output, found on calibration
+    data, move to the platform's higher precision: ppqlike.optim.passes.protection),
     ``accuracy_target`` (None: off; else the output cosine against FP32 to
     reach by moving the fewest ops to the platform's 16-bit grid, else FP32, measured on the last
     ``mixed_precision_batches`` calibration batches, held aside from calibration, at most
@@ -107,6 +111,7 @@ class QuantizationSetting(PPQSettingViews):
     fusion: bool = True
     simplify: bool = True
     activation_observer: str | None = None
+    terminal_observer: str | None = None
     weight_per_channel: bool | None = None
     add_alignment: str | None = None
     concat_alignment: bool = True
@@ -126,6 +131,7 @@ class QuantizationSetting(PPQSettingViews):
     smooth_quant_alpha: float | None = None
     range_search: bool = False
     range_search_samples: int = 32
+    protection: bool = False
     accuracy_target: float | None = None
     mixed_precision_batches: int = 2
     mixed_precision_max_ops: int | None = None
@@ -146,9 +152,9 @@ class QuantizationSetting(PPQSettingViews):
             raise PlatformError(f"setting.recipe {self.recipe!r} is unknown; choose one of {_RECIPES}")
         if self.dispatcher not in _DISPATCHERS:
             raise PlatformError(f"setting.dispatcher {self.dispatcher!r} is unknown; choose one of {_DISPATCHERS}")
-        if self.activation_observer is not None and self.activation_observer not in _OBSERVERS:
-            raise PlatformError(f"setting.activation_observer {self.activation_observer!r} is unknown; "
-                                f"choose one of {_OBSERVERS}")
+        for name in ("activation_observer", "terminal_observer"):
+            if getattr(self, name) is not None and getattr(self, name) not in _OBSERVERS:
+                raise PlatformError(f"setting.{name} {getattr(self, name)!r} is unknown; choose one of {_OBSERVERS}")
         if self.add_alignment not in (None, "none", "larger", "output"):
             raise PlatformError(f"setting.add_alignment {self.add_alignment!r} is unknown; "
                                 "choose 'none', 'larger' or 'output'")

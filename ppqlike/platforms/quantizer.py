@@ -120,6 +120,7 @@ class PlatformPolicy:
     higher_precision_bits: int | None = None    # wider integer grid single layers may use (accuracy target);
     #                                             None: those layers fall back to FP32
     exporter: str = "qdq_onnx"
+    placement: str = "every_output"             # or 'compute_inputs' (TensorRT): ppqlike.optim.passes.placement
     transformer: TransformerPolicy = TransformerPolicy()
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False)

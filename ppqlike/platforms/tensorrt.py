@@ -2,7 +2,10 @@
 
 Symmetric int8 activations per tensor, symmetric narrow-range per-channel
 weights, half-to-even rounding, bias kept float (TensorRT folds it in FP32),
-Conv/Gemm fused with Relu/Clip, Concat inputs aligned.  Transformers: TensorRT
+Conv/Gemm fused with Relu/Clip, Concat inputs aligned.  Placement as
+TensorRT's explicit quantization runs best (``optim.passes.placement``):
+Q/DQ on the inputs of Conv/Gemm/MatMul and on the skip input of a residual
+Add fused into a conv's epilogue, everything else (and the outputs) float.  Transformers: TensorRT
 runs LayerNorm, GELU (fused into the GEMM epilogue), Softmax and residual Adds
 in float where no Q/DQ pair asks otherwise, and runs the attention MatMuls
 (Q K^T, probabilities x V) in int8 when their inputs are quantized.  PPL CUDA differs only
@@ -18,11 +21,13 @@ TRT_INT8_POLICY = PlatformPolicy(
     weight=TensorPolicy(num_of_bits=8, symmetric=True, per_channel=True, narrow_range=True),
     bias_int32=False,
     exporter="qdq_onnx",
+    placement="compute_inputs",
     transformer=TransformerPolicy(layer_norm="float", gelu="float", softmax="float", attention_matmul="quantize",
                                   residual_add="float", embedding="float"),
-    description="TensorRT: int8 symmetric activations (per tensor), per-channel int8 weights, float bias",
+    description="TensorRT: int8 symmetric activations (per tensor) where int8 kernels read them, per-channel int8 "
+                "weights, float bias",
 )
 
 PPL_CUDA_INT8_POLICY = TRT_INT8_POLICY.with_changes(
-    platform=TargetPlatform.PPL_CUDA_INT8, bias_int32=True, add_alignment="output",
+    platform=TargetPlatform.PPL_CUDA_INT8, bias_int32=True, add_alignment="output", placement="every_output",
     description="PPL CUDA: as TensorRT, with int32 bias and Add inputs aligned to the output")

@@ -12,6 +12,7 @@ scale/offset of its chosen range into the tensor's config::
 algorithm       range
 =============== ==================================================================
 ``minmax``      running min and max
+``mean_minmax`` mean over samples of each sample's min and max (NNCF's default)
 ``percentile``  a percentile (99.99) of x (asymmetric) or |x| (symmetric), histogram
 ``kl``          TensorRT entropy calibration on a 2048-bin |x| histogram
 ``entropy``     alias of ``kl``
@@ -33,15 +34,17 @@ from ppqlike.core.errors import QuantizationPolicyError
 from .base import Observer
 from .histogram import HistogramObserver, PercentileObserver, histogram_quantile
 from .kl import KLObserver, SearchObserver, kl_best_bins, kl_divergences
+from .mean_minmax import MeanMinMaxObserver
 from .minmax import MinMaxObserver
 from .mse import MSEObserver
 
 __all__ = ["Observer", "HistogramObserver", "MinMaxObserver", "PercentileObserver", "KLObserver",
-           "MSEObserver", "SearchObserver", "OBSERVER_TYPES", "make_observer", "histogram_quantile",
+           "MSEObserver", "SearchObserver", "MeanMinMaxObserver", "OBSERVER_TYPES", "make_observer", "histogram_quantile",
            "kl_best_bins", "kl_divergences"]
 
 OBSERVER_TYPES: Mapping[str, type] = MappingProxyType({
     "minmax": MinMaxObserver,
+    "mean_minmax": MeanMinMaxObserver,
     "percentile": PercentileObserver,
     "kl": KLObserver,
     "entropy": KLObserver,

@@ -77,8 +77,8 @@ class Observer:
     def _view(self, value) -> np.ndarray | None:
         """The batch as a 3-D array (pre, channels, post); None when it is empty."""
         x = as_float_array(value)
-        if not self.per_channel:
-            return None if x.size == 0 else x.reshape(1, 1, -1)
+        if not self.per_channel:   # in memory order: a channels-last tensor handed over as NCHW is not copied
+            return None if x.size == 0 else np.ravel(x, order="K").reshape(1, 1, -1)
         if x.ndim == 0:
             raise CalibrationDataError(f"{self._who()}: per-channel observer got a scalar")
         axis = self.channel_axis + x.ndim if self.channel_axis < 0 else self.channel_axis

@@ -11,6 +11,8 @@ from .fusion import FusionPass
 from .mixed_precision import MixedPrecisionPass
 from .parameter import ParameterQuantizePass
 from .passive import PassiveParameterQuantizePass
+from .placement import QuantizationPlacementPass
+from .protection import LayerProtectionPass
 from .range_search import ActivationRangeSearchPass
 from .refine import QuantizeRefinePass
 from .requantization import IntegerRequantizationPass
@@ -21,4 +23,5 @@ from .smooth_quant import SmoothQuantPass
 __all__ = ["QuantizeRefinePass", "FusionPass", "QuantizationSimplifyPass", "ParameterQuantizePass", "RuntimeCalibrationPass",
            "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass",
            "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass",
-           "RuntimeKernelPass", "SmoothQuantPass", "ActivationRangeSearchPass", "Int32BiasRangePass"]
+           "RuntimeKernelPass", "SmoothQuantPass", "ActivationRangeSearchPass", "Int32BiasRangePass",
+           "QuantizationPlacementPass", "LayerProtectionPass"]

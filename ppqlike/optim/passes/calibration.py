@@ -21,6 +21,7 @@ import numpy as np
 from ...core.errors import CalibrationDataError
 from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.op_facts import VALUE_PRESERVING_TYPES
 from ...core.quant_graph import configured_operations, input_config, output_config
 from ...executor import NumpyExecutor, OperationHook
 from ..base import QuantizationOptimizationPass, iterate_calibration
@@ -87,6 +88,36 @@ def observer_hook(observers: list) -> _ObserverHook:
     return _ObserverHook(inputs_watch, outputs_watch)
 
 
+def _terminal(variable, graph_outputs: set[str]) -> bool:
+    """Whether no quantized computation reads ``variable``: it is a graph output, or each reader leaves it
+    float, or is a value-preserving op (Reshape, Flatten, ...) whose result is itself terminal."""
+    if variable.name in graph_outputs:
+        return True
+    for reader in variable.consumers:
+        configs = [input_config(reader, i) for i, v in enumerate(reader.inputs) if v is variable]
+        if all(c is None or c.state in (S.FP32, S.SOI, S.DEACTIVATED) for c in configs):
+            continue
+        if reader.type in VALUE_PRESERVING_TYPES and all(_terminal(out, graph_outputs) for out in reader.outputs):
+            continue
+        return False
+    return True
+
+
+def choose_terminal_observers(graph: Graph, observer: str) -> int:
+    """Give ``observer`` to the output configs to calibrate whose tensors are terminal (see
+    :func:`_terminal`): what such a tensor loses to clipping reaches the outputs directly, with no layer
+    after it to average the error away, so it wants a range that keeps its extremes (a classifier's top
+    logit, a probability near 1) where other tensors take the recipe's observer.  Returns how many."""
+    outputs, changed = {v.name for v in graph.outputs}, 0
+    for operation in configured_operations(graph):
+        for index, variable in enumerate(operation.outputs):
+            config = output_config(operation, index)
+            if config is not None and config.state is S.INITIAL and _terminal(variable, outputs):
+                config.observer_algorithm = observer
+                changed += 1
+    return changed
+
+
 def observe_shard(graph: Graph, batches: list) -> list:
     """The observers of ``graph``'s activations (see :func:`watched_observers`) fed ``batches``: what one worker
     of the distributed backend computes on its shard (``ppqlike.optim.distributed``)."""
@@ -107,14 +138,17 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
 
     name = "calibration"
 
-    def __init__(self, search_batches: int = 1, verbose: bool = True, backend: str = "local", workers: int = 2):
+    def __init__(self, search_batches: int = 1, verbose: bool = True, backend: str = "local", workers: int = 2,
+                 terminal_observer: str | None = None):
         self.search_batches = search_batches
         self.verbose = verbose
         self.backend, self.workers = backend, workers
+        self.terminal_observer = terminal_observer
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
         executor = executor or NumpyExecutor(graph)
+        terminal = choose_terminal_observers(graph, self.terminal_observer) if self.terminal_observer else 0
         observers = watched_observers(graph)
         if not observers:
             return {"observed": 0}
@@ -144,4 +178,5 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
             observer.render()
             config.state = S.ACTIVATED
         return {"observed": len(observers), "searched": searched, "backend": self.backend, **workers_report,
+                "terminal_observers": terminal,
                 "observer_bytes": int(sum(o.state_nbytes for _, o, *_ in observers))}

@@ -48,108 +48,16 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ...core.ir import Graph, Operation
+from ...core.ir import Graph
 from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
 from .precision_moves import can_widen, find_units, move_to_fp32, move_to_wider_grid, restore, snapshot
+from .sensitivity import AloneRunner, cosine_lower_bound, output_cosine, sample_cosines
+
+__all__ = ["MixedPrecisionPass", "cosine_lower_bound", "output_cosine", "sample_cosines"]
 
 FP32 = "FP32"
-
-
-# ------------------------------------------------------------------ metrics
-def sample_cosines(outputs: list, references: list) -> np.ndarray:
-    """Per sample, the cosine between ``outputs`` and ``references`` averaged over the outputs ([N]; one value
-    per output when the outputs disagree on the batch size)."""
-    values = []
-    for got, want in zip(outputs, references):
-        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-        if got.ndim >= 2:
-            got, want = got.reshape(got.shape[0], -1), want.reshape(want.shape[0], -1)
-        else:
-            got, want = got.reshape(1, -1), want.reshape(1, -1)
-        dot = np.sum(got * want, axis=1)
-        norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
-        values.append(np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0),
-                               np.where(np.all(got == want, axis=1), 1.0, 0.0)))
-    if not values:
-        return np.ones(1)
-    if len({len(v) for v in values}) == 1:
-        return np.mean(values, axis=0)
-    return np.array([float(np.mean(v)) for v in values])
-
-
-def output_cosine(outputs: list, references: list) -> float:
-    """Mean over outputs of the per-sample cosine between ``outputs`` and ``references``."""
-    return float(np.mean(sample_cosines(outputs, references)))
-
-
-def cosine_lower_bound(values: np.ndarray) -> float:
-    """mean - one standard error of the per-sample cosines: what the target is held to, so that a mean that
-    clears it on a few dozen held-aside samples by less than their spread does not count as reached."""
-    values = np.asarray(values, np.float64)
-    if values.size < 2:
-        return float(np.mean(values))
-    return float(np.mean(values) - np.std(values, ddof=1) / np.sqrt(values.size))
-
-
-# ---------------------------------------------------------------- running
-class _Runner:
-    """FP32 intermediates of one batch, and partial re-runs with one unit quantized."""
-
-    def __init__(self, graph: Graph, executor: NumpyExecutor):
-        self.graph, self.executor = graph, executor
-        self.order = graph.topological_sort()
-        self.index = {op.name: i for i, op in enumerate(self.order)}
-        self.outputs = [v.name for v in graph.outputs]
-        self.downstream: dict[str, list[Operation]] = {}
-        self.observed: dict[str, tuple[float, float]] = {}  # tensor -> FP32 (min, max) over cached batches
-
-    def cache(self, batch) -> dict:
-        names = [v.name for op in self.order for v in op.outputs]
-        with dequantized(self.graph):
-            values = self.executor.forward(batch, output_names=names)
-        cached = dict(zip(names, values))
-        cached.update(self.executor.prepare_inputs(batch))
-        for name, value in cached.items():
-            value = np.asarray(value)
-            if value.size and value.dtype.kind == "f":
-                low, high = float(value.min()), float(value.max())
-                seen = self.observed.get(name, (low, high))
-                self.observed[name] = (min(seen[0], low), max(seen[1], high))
-        return cached
-
-    def _plan(self, unit: list[Operation]) -> list[Operation]:
-        key = "|".join(op.name for op in unit)
-        if key not in self.downstream:
-            reached = set()
-            for operation in unit:
-                reached.add(operation.name)
-                reached |= {op.name for op in self.graph.descendants(operation)}
-            self.downstream[key] = sorted((self.graph.operations[n] for n in reached),
-                                          key=lambda op: self.index[op.name])
-        return self.downstream[key]
-
-    def quantize_alone(self, unit: list[Operation], cached: dict) -> list[np.ndarray]:
-        """Graph outputs with only ``unit`` quantized (FP32 values elsewhere, recomputed downstream)."""
-        members = {op.name for op in unit}
-        values: dict = {}
-        variables = self.graph.variables
-        for operation in self._plan(unit):
-            arguments = []
-            for variable in operation.inputs:
-                if variable is None:
-                    arguments.append(None)
-                elif variable.name in values:
-                    arguments.append(values[variable.name])
-                elif variable.name in cached:
-                    arguments.append(cached[variable.name])
-                else:
-                    arguments.append(variables[variable.name].value)
-            results = self.executor.run_operation(operation, arguments, quantized=operation.name in members)
-            for variable, value in zip(operation.outputs, results):
-                values[variable.name] = value
-        return [values[n] if n in values else cached[n] for n in self.outputs]
 
 
 def _precision_name(bits: int | None) -> str:
@@ -187,7 +95,7 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
         else:
             source, steps = dataloader, self.batches if calib_steps is None else min(self.batches, calib_steps)
         data = list(iterate_calibration(source, steps, collate_fn, "mixed precision data", False))
-        runner = _Runner(graph, executor)
+        runner = AloneRunner(graph, executor)
         with dequantized(graph):
             references = [executor.forward(batch) for batch in data]
         units = find_units(graph)

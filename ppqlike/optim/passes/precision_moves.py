@@ -130,8 +130,12 @@ def restore(graph: Graph, snapshot: dict) -> None:
             graph.operations[name].platform = platform
 
 
-def move_to_fp32(graph: Graph, unit: list[Operation]) -> dict:
-    """Make ``unit`` run in FP32 and keep everything else quantized as before (see the module docstring)."""
+def move_to_fp32(graph: Graph, unit: list[Operation], readers: str = "detach") -> dict:
+    """Make ``unit`` run in FP32 and keep everything else quantized as before (see the module docstring).
+
+    ``readers='float'``: the configs of other ops that read their scale from the unit's instead become FP32
+    (the unit's tensors are read float everywhere: where float tensors between layers cost nothing, as in
+    TensorRT's placement)."""
     own = {id(c) for op in unit for c in _configs(op)}
     detached = 0
     for operation in configured_operations(graph):
@@ -139,7 +143,11 @@ def move_to_fp32(graph: Graph, unit: list[Operation]) -> dict:
             continue
         for config in _configs(operation):
             if config.state in (S.OVERLAPPED, S.SLAVE) and any(id(m) in own for m in master_chain(config)):
-                config.detach(S.ACTIVATED)
+                if readers == "float":
+                    config.reset()
+                    config.state = S.FP32
+                else:
+                    config.detach(S.ACTIVATED)
                 detached += 1
     for operation in unit:
         for config in _configs(operation):
@@ -151,6 +159,14 @@ def move_to_fp32(graph: Graph, unit: list[Operation]) -> dict:
             config.state = S.FP32
         operation.platform = TargetPlatform.FP32
     return {"detached": detached}
+
+
+def reader_units(graph: Graph, unit: list[Operation], units: list[list[Operation]]) -> list[list[Operation]]:
+    """The units (of ``units``) with an op that reads a tensor ``unit`` writes, ``unit`` itself excepted."""
+    members = {op.name for op in unit}
+    readers = {consumer.name for op in unit for variable in op.outputs for consumer in variable.consumers}
+    return [other for other in units
+            if not members & {op.name for op in other} and readers & {op.name for op in other}]
 
 
 def _integer_range(config: TensorQuantizationConfig) -> tuple[float, float]:

@@ -8,7 +8,8 @@ Writes OVERLAPPED and SLAVE:
   output), later readers' input configs become SLAVE of the first reader's:
   each reader applies the same grid, so the value is quantized identically;
 * the output config of a value-preserving op (Reshape, MaxPool, Pad, ...) is
-  OVERLAPPED by its input config: its output keeps the input's scale.
+  OVERLAPPED by its input config: its output keeps the input's scale (unless
+  its input stays float: then its output is quantized on its own).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class QuantizationSimplifyPass(QuantizationOptimizationPass):
             if operation.type in VALUE_PRESERVING_TYPES:
                 source, target = input_config(operation, 0), output_config(operation)
                 if source is not None and target is not None and target.state is S.INITIAL \
-                        and same_grid(source, target):
+                        and source.state not in (S.FP32, S.SOI, S.DEACTIVATED) and same_grid(source, target):
                     target.dominated_by(source, S.OVERLAPPED)
                     overlapped += 1
         return {"overlapped": overlapped}

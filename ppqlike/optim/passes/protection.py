@@ -1,0 +1,128 @@
+"""Protection: find the layers whose 8-bit quantization alone wrecks the output, and protect them.
+
+A default has to hold on every family: a quantized Log input, the first depthwise layer of a MobileNet
+(its 32 channels' ranges spread over two orders of magnitude, one per-tensor grid for all), an in-model
+spectrogram.  This pass finds such layers cheaply, on calibration data, and moves them to the platform's
+higher precision.
+
+Measure.  On ``samples`` calibration samples (the held-aside batch when ``quantize_onnx_model`` keeps
+one), the output error e = 1 - cosine (mean per sample, outputs averaged) of the quantized graph, e_all,
+and of each fused unit quantized alone, everything else float (:class:`.sensitivity.AloneRunner`: a
+partial forward per unit), e_alone.
+
+Threshold.  A unit is a candidate when e_alone >= max(``floor``, ``share`` x e_all): quantized alone it
+already costs a quarter (``share``) of what the whole quantized graph costs, where a network of N units
+spreads its error over all of them (MobileNetV2's first depthwise input: 0.6% alone of 1.3% in all, the
+next worst 0.15%), and at least 0.1% of cosine (``floor``: below it, nothing is wrecked).  Candidates are
+tried worst first, at most ``max_units``; a move is kept when it takes at least ``gain`` (15%) of the
+error away, measured again on the whole quantized graph.
+
+Moves (:mod:`.precision_moves`).  Where the platform has a wider integer grid (``higher_precision_bits``:
+16 on onnxruntime, TIDL, DSPs) the unit moves to it.  Otherwise to FP32; on a platform whose placement
+leaves float tensors between layers at no cost (TensorRT's ``compute_inputs``) the readers of the unit's
+tensors read them float; on the others (integer-only hardware such as TPU-MLIR, where a float tensor
+means float layers on both sides of it) the reading units move to FP32 too.
+
+Reads: the configs after calibration, alignment, the passive pass and bias correction; the executor and
+calibration data.  Writes: the moves, and ``graph.metadata['quantization']['protected_ops']``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ...core.ir import Graph
+from ...executor import NumpyExecutor
+from ...executor.simulation import dequantized
+from ..base import QuantizationOptimizationPass, iterate_calibration
+from .precision_moves import (can_widen, find_units, move_to_fp32, move_to_wider_grid, reader_units, restore,
+                              snapshot)
+from .sensitivity import AloneRunner, output_cosine, sample_cosines
+
+
+def _limited(batch, samples: int):
+    """The first ``samples`` samples of a batch (an array, or a dict of arrays with a leading batch axis)."""
+    if isinstance(batch, dict):
+        return {name: np.asarray(value)[:samples] for name, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [np.asarray(value)[:samples] for value in batch]
+    return np.asarray(batch)[:samples]
+
+
+class LayerProtectionPass(QuantizationOptimizationPass):
+    """Move the few units whose quantization alone wrecks the output to a higher precision (module docstring)."""
+
+    name = "protection"
+
+    def __init__(self, samples: int = 16, share: float = 0.25, floor: float = 1e-3, gain: float = 0.15,
+                 max_units: int = 3, measured_units: int = 6, higher_precision_bits: int | None = None,
+                 float_boundaries: bool = False, verbose: bool = False):
+        self.samples, self.share, self.floor, self.gain = int(samples), float(share), float(floor), float(gain)
+        self.max_units, self.bits, self.float_boundaries = int(max_units), higher_precision_bits, float_boundaries
+        self.measured_units, self.verbose = int(measured_units), verbose
+
+    def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
+                 calib_steps: int | None = None, collate_fn: Callable | None = None,
+                 held_aside: Iterable | None = None, **kwargs) -> dict:
+        started = time.perf_counter()
+        executor = executor or NumpyExecutor(graph)
+        source = held_aside if held_aside is not None else dataloader
+        batch = _limited(next(iter(iterate_calibration(source, 1, collate_fn, "protection data", False))),
+                         self.samples)
+        with dequantized(graph):
+            reference = executor.forward(batch)
+
+        def error() -> float:
+            value = float(1.0 - np.mean(sample_cosines(executor.forward(batch), reference)))
+            return 1.0 if value != value else value   # NaN outputs: as far from FP32 as it gets
+
+        initial = current = error()
+        units = find_units(graph)
+        threshold = max(self.floor, self.share * initial)
+        runner = AloneRunner(graph, executor)
+        candidates = []
+        if initial >= self.floor:   # below it nothing is wrecked: no search
+            cached = runner.cache(batch)
+            local = sorted(((runner.local_error(unit, cached), index) for index, unit in enumerate(units)),
+                           reverse=True)
+            for _, index in local[:self.measured_units]:
+                unit = units[index]
+                alone = 1.0 - output_cosine(runner.quantize_alone(unit, cached), reference)
+                alone = 1.0 if alone != alone else alone
+                if alone >= threshold:
+                    candidates.append((alone, unit))
+            del cached
+            candidates.sort(key=lambda item: -item[0])
+        protected = []
+        for alone, unit in candidates[:self.max_units]:
+            original = snapshot(graph)
+            precision = self._move(graph, unit, units, runner.observed)
+            after = error()
+            if after == after and after <= (1.0 - self.gain) * current:
+                current = after
+                protected.append({"ops": [op.name for op in unit], "error_alone": round(alone, 6),
+                                  "precision": precision, "error_after": round(after, 6)})
+            else:
+                restore(graph, original)
+        names = [name for entry in protected for name in entry["ops"]]
+        graph.metadata.setdefault("quantization", {})["protected_ops"] = names
+        report = {"initial_error": round(initial, 6), "held_aside": held_aside is not None,
+                  "threshold": round(threshold, 6), "candidates": len(candidates), "units": len(units),
+                  "protected": protected, "final_error": round(current, 6),
+                  "seconds": round(time.perf_counter() - started, 3)}
+        return report
+
+    def _move(self, graph: Graph, unit, units, observed: dict) -> str:
+        if self.bits is not None and can_widen(unit):
+            move_to_wider_grid(graph, unit, self.bits, observed)
+            return f"INT{self.bits}"
+        if self.float_boundaries:
+            move_to_fp32(graph, unit, readers="float")
+        else:
+            move_to_fp32(graph, unit)
+            for reader in reader_units(graph, unit, units):
+                move_to_fp32(graph, reader)
+        return "FP32"

@@ -1,0 +1,140 @@
+"""How much each part of a quantized graph costs the output: cosines against FP32, and runs with one unit alone.
+
+The accuracy target (:mod:`.mixed_precision`) and the protection of sensitive layers (:mod:`.protection`)
+measure with these.  :class:`AloneRunner` caches one batch's FP32 intermediates and re-runs only the ops
+downstream of a unit with that unit quantized (everything else float): a unit costs a partial forward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...core.ir import Graph, Operation
+from ...executor import NumpyExecutor
+from ...executor.simulation import dequantized
+
+
+# ------------------------------------------------------------------ metrics
+def sample_cosines(outputs: list, references: list) -> np.ndarray:
+    """Per sample, the cosine between ``outputs`` and ``references`` averaged over the outputs ([N]; one value
+    per output when the outputs disagree on the batch size)."""
+    values = []
+    for got, want in zip(outputs, references):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        if got.ndim >= 2:
+            got, want = got.reshape(got.shape[0], -1), want.reshape(want.shape[0], -1)
+        else:
+            got, want = got.reshape(1, -1), want.reshape(1, -1)
+        dot = np.sum(got * want, axis=1)
+        norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
+        values.append(np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0),
+                               np.where(np.all(got == want, axis=1), 1.0, 0.0)))
+    if not values:
+        return np.ones(1)
+    if len({len(v) for v in values}) == 1:
+        return np.mean(values, axis=0)
+    return np.array([float(np.mean(v)) for v in values])
+
+
+def output_cosine(outputs: list, references: list) -> float:
+    """Mean over outputs of the per-sample cosine between ``outputs`` and ``references``."""
+    return float(np.mean(sample_cosines(outputs, references)))
+
+
+def cosine_lower_bound(values: np.ndarray) -> float:
+    """mean - one standard error of the per-sample cosines: what the target is held to, so that a mean that
+    clears it on a few dozen held-aside samples by less than their spread does not count as reached."""
+    values = np.asarray(values, np.float64)
+    if values.size < 2:
+        return float(np.mean(values))
+    return float(np.mean(values) - np.std(values, ddof=1) / np.sqrt(values.size))
+
+
+# ---------------------------------------------------------------- running
+class AloneRunner:
+    """FP32 intermediates of one batch, and partial re-runs with one unit quantized."""
+
+    def __init__(self, graph: Graph, executor: NumpyExecutor):
+        self.graph, self.executor = graph, executor
+        self.order = graph.topological_sort()
+        self.index = {op.name: i for i, op in enumerate(self.order)}
+        self.outputs = [v.name for v in graph.outputs]
+        self.downstream: dict[str, list[Operation]] = {}
+        self.observed: dict[str, tuple[float, float]] = {}  # tensor -> FP32 (min, max) over cached batches
+
+    def cache(self, batch) -> dict:
+        names = [v.name for op in self.order for v in op.outputs]
+        with dequantized(self.graph):
+            values = self.executor.forward(batch, output_names=names)
+        cached = dict(zip(names, values))
+        cached.update(self.executor.prepare_inputs(batch))
+        for name, value in cached.items():
+            value = np.asarray(value)
+            if value.size and value.dtype.kind == "f":
+                low, high = float(value.min()), float(value.max())
+                seen = self.observed.get(name, (low, high))
+                self.observed[name] = (min(seen[0], low), max(seen[1], high))
+        return cached
+
+    def _plan(self, unit: list[Operation]) -> list[Operation]:
+        key = "|".join(op.name for op in unit)
+        if key not in self.downstream:
+            reached = set()
+            for operation in unit:
+                reached.add(operation.name)
+                reached |= {op.name for op in self.graph.descendants(operation)}
+            self.downstream[key] = sorted((self.graph.operations[n] for n in reached),
+                                          key=lambda op: self.index[op.name])
+        return self.downstream[key]
+
+    def _arguments(self, operation: Operation, values: dict, cached: dict) -> list:
+        variables = self.graph.variables
+        return [None if variable is None else values[variable.name] if variable.name in values
+                else cached[variable.name] if variable.name in cached else variables[variable.name].value
+                for variable in operation.inputs]
+
+    def quantize_alone(self, unit: list[Operation], cached: dict) -> list[np.ndarray]:
+        """Graph outputs with only ``unit`` quantized (FP32 values elsewhere, recomputed downstream)."""
+        members = {op.name for op in unit}
+        values: dict = {}
+        for operation in self._plan(unit):
+            results = self.executor.run_operation(operation, self._arguments(operation, values, cached),
+                                                  quantized=operation.name in members)
+            for variable, value in zip(operation.outputs, results):
+                values[variable.name] = value
+        return [values[n] if n in values else cached[n] for n in self.outputs]
+
+    def local_error(self, unit: list[Operation], cached: dict) -> float:
+        """How badly ``unit`` alone quantizes its own results, read where they leave it: the unit's ops run
+        quantized on FP32 inputs, and at each result another op (or the graph's output) reads, the relative
+        squared error per channel (axis 1 of a 4-D or 2-D tensor, the last axis of a 3-D one: per token
+        features), averaged over channels; the largest of the results.  One op run per op: a cheap ranking
+        of which units to measure with :meth:`quantize_alone` (a channel far narrower than the others loses
+        its few steps to a per-tensor grid, which the mean over channels sees and a tensor-wide SNR hides)."""
+        members = {op.name for op in unit}
+        values: dict = {}
+        worst = 0.0
+        outputs = set(self.outputs)
+        for operation in unit:
+            results = self.executor.run_operation(operation, self._arguments(operation, values, cached))
+            for variable, value in zip(operation.outputs, results):
+                values[variable.name] = value
+                leaves = variable.name in outputs or any(c.name not in members for c in variable.consumers)
+                reference = cached.get(variable.name)
+                if leaves and reference is not None and np.asarray(reference).dtype.kind == "f":
+                    worst = max(worst, channel_relative_error(np.asarray(value), np.asarray(reference)))
+        return worst
+
+
+def channel_relative_error(value: np.ndarray, reference: np.ndarray) -> float:
+    """Mean over channels of sum((value - reference)^2) / sum(reference^2) per channel (see
+    :meth:`AloneRunner.local_error` for the channel axis); a channel of zeros counts when it is not matched."""
+    if reference.ndim == 0 or reference.size == 0 or value.shape != reference.shape:
+        return 0.0
+    axis = reference.ndim - 1 if reference.ndim == 3 else (1 if reference.ndim >= 2 else 0)
+    other = tuple(i for i in range(reference.ndim) if i != axis)
+    difference = np.square(value.astype(np.float64) - reference, dtype=np.float64).sum(axis=other)
+    power = np.square(reference, dtype=np.float64).sum(axis=other)
+    ratio = np.where(power > 0, difference / np.where(power > 0, power, 1.0), np.where(difference > 0, 1.0, 0.0))
+    ratio = np.where(np.isfinite(ratio), ratio, 1.0)
+    return float(np.mean(np.minimum(ratio, 1.0)))

@@ -1,0 +1,112 @@
+"""The protection of sensitive layers (optim/passes/protection.py) and the verdict (analysis/verdict.py).
+
+The model copies what wrecks MobileNetV2's first depthwise layer: a conv whose output channels span two
+orders of magnitude, read by a depthwise conv that scales each channel back.  One per-tensor 8-bit grid
+leaves the narrow channels a few steps; the protection finds that point alone, on calibration data, and
+moves it to the platform's higher precision; without it the verdict warns and names the layer.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from ppqlike import api
+from ppqlike.analysis.verdict import QuantizationQualityWarning
+from ppqlike.executor import NumpyExecutor
+from ppqlike.optim.passes.sensitivity import sample_cosines
+from ppqlike.optim.setting import QuantizationSettingFactory
+
+from onnx_helpers import make_model, run_onnxruntime
+
+RNG = np.random.default_rng(11)
+CHANNELS = 8
+
+
+def _spread_model(spread: float = 300.0):
+    """x -> conv (channel c scaled by spread^(-c/7)) -> relu -> depthwise (scaled back) -> relu -> 1x1 conv
+    -> GAP -> flatten -> gemm -> y."""
+    gains = spread ** (-np.arange(CHANNELS) / (CHANNELS - 1))
+    first = RNG.standard_normal((CHANNELS, 3, 3, 3)) * gains[:, None, None, None]
+    depthwise = RNG.standard_normal((CHANNELS, 1, 3, 3)) / gains[:, None, None, None]
+    tensors = {"w1": first, "b1": np.abs(RNG.standard_normal(CHANNELS)) * gains,
+               "w2": depthwise * 0.3, "b2": np.zeros(CHANNELS), "w3": RNG.standard_normal((16, CHANNELS, 1, 1)) * 0.3,
+               "b3": np.zeros(16), "w4": RNG.standard_normal((10, 16)) * 0.3, "b4": np.zeros(10)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv_first", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu_first"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv_depthwise", pads=[1, 1, 1, 1],
+                              group=CHANNELS),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu_depthwise"),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], name="conv_pointwise"),
+             helper.make_node("GlobalAveragePool", ["c3"], ["g"], name="pool"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "w4", "b4"], ["y"], name="head", transB=1)]
+    return make_model(nodes, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3, 16, 16])],
+                      [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 10])],
+                      [numpy_helper.from_array(v.astype(np.float32), k) for k, v in tensors.items()])
+
+
+def _data(batches: int = 5, size: int = 16) -> list[np.ndarray]:
+    return [RNG.standard_normal((size, 3, 16, 16)).astype(np.float32) for _ in range(batches)]
+
+
+def _quantize(model, platform: str, protection: bool):
+    setting = QuantizationSettingFactory.for_platform(platform)
+    setting.protection = protection
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph = api.quantize_onnx_model(model, _data(), platform=platform, setting=setting)
+    return graph, [w for w in caught if issubclass(w.category, QuantizationQualityWarning)]
+
+
+def _cosine(model, graph, path) -> float:
+    """Mean output cosine of the exported model (run by onnxruntime) against the FP32 model, on new data."""
+    x = RNG.standard_normal((32, 3, 16, 16)).astype(np.float32)
+    exported = onnx.load(api.export_ppq_graph(graph, graph.metadata["quantization"]["platform"], path)[0])
+    return float(np.mean(sample_cosines(run_onnxruntime(exported, {"x": x}), run_onnxruntime(model, {"x": x}))))
+
+
+@pytest.mark.parametrize("platform,precision", [("TRT_INT8", "FP32"), ("TPU_INT8", "FP32"), ("ORT_INT8", "INT16")])
+def test_the_wrecked_layer_is_found_and_protected(platform, precision, tmp_path):
+    model = _spread_model()
+    plain, warned = _quantize(model, platform, protection=False)
+    protected, _ = _quantize(model, platform, protection=True)
+    report = next(p["report"] for p in protected.metadata["quantization"]["passes"] if p["name"] == "protection")
+    assert report["held_aside"] and len(report["protected"]) == 1, report
+    assert report["protected"][0]["precision"] == precision
+    assert set(report["protected"][0]["ops"]) & {"relu_first", "conv_first"}, report
+    assert protected.metadata["quantization"]["protected_ops"] == report["protected"][0]["ops"]
+    before, after = _cosine(model, plain, tmp_path / "plain.onnx"), _cosine(model, protected, tmp_path / "p.onnx")
+    assert after > 0.99 and (1 - after) < 0.5 * (1 - before), (before, after)
+    verdict = protected.metadata["quantization"]["verdict"]
+    assert verdict["ok"] and verdict["held_aside"] and verdict["output_cosine"] > 0.99
+
+
+def test_nothing_is_protected_where_nothing_is_wrecked():
+    graph, warned = _quantize(_spread_model(spread=1.0), "TRT_INT8", protection=True)
+    report = next(p["report"] for p in graph.metadata["quantization"]["passes"] if p["name"] == "protection")
+    assert report["protected"] == [] and not warned
+    assert graph.metadata["quantization"]["verdict"]["ok"]
+
+
+def test_the_verdict_warns_and_names_the_layer():
+    graph, warned = _quantize(_spread_model(spread=3000.0), "TPU_INT8", protection=False)
+    verdict = graph.metadata["quantization"]["verdict"]
+    assert not verdict["ok"] and verdict["output_cosine"] < 0.98
+    assert len(warned) == 1
+    message = str(warned[0].message)
+    assert verdict["worst_ops"][0]["op"] in message and "accuracy_target" in message
+    assert verdict["worst_ops"][0]["op"] in {"relu_first", "conv_first", "conv_depthwise", "relu_depthwise"}
+
+
+def test_the_protected_model_is_simulated_as_deployed(tmp_path):
+    model = _spread_model()
+    graph, _ = _quantize(model, "TRT_INT8", protection=True)
+    x = RNG.standard_normal((8, 3, 16, 16)).astype(np.float32)
+    exported = onnx.load(api.export_ppq_graph(graph, "TRT_INT8", tmp_path / "m.onnx")[0])
+    simulated, deployed = NumpyExecutor(graph).forward(x)[0], run_onnxruntime(exported, {"x": x})[0]
+    np.testing.assert_allclose(deployed, simulated, rtol=1e-3, atol=1e-3 * np.abs(simulated).max())
