@@ -16,6 +16,7 @@ frames), the values a grid tuned to the loud frames rounds to zero.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_helpers import make_model
@@ -34,7 +35,7 @@ def _frames_input():
     return [helper.make_tensor_value_info("frames", TensorProto.FLOAT, ["N", FRAMES, FRAME])]
 
 
-def log_mel_model() -> "onnx.ModelProto":
+def log_mel_model() -> onnx.ModelProto:
     rng = np.random.default_rng(0)
     mel = np.abs(rng.standard_normal((BINS, MELS))) * (rng.uniform(size=(BINS, MELS)) < 0.3)
     initializers = [numpy_helper.from_array(_dft(), "dft"),
@@ -52,7 +53,7 @@ def log_mel_model() -> "onnx.ModelProto":
     return make_model(nodes, _frames_input(), outputs, initializers)
 
 
-def normaliser_model(style: str) -> "onnx.ModelProto":
+def normaliser_model(style: str) -> onnx.ModelProto:
     initializers = [numpy_helper.from_array(_dft(), "dft"), numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
                     numpy_helper.from_array(np.array(-0.5, np.float32), "minus_half")]
     nodes = [helper.make_node("MatMul", ["frames", "dft"], ["spec"], name="stft"),

@@ -14,11 +14,12 @@ A *region* is a set of ops of :data:`PROBED_TYPES` such that
   shape inputs of Reshape/Expand, aside);
 * every output of an op but the ``result`` op is read only inside the set and is no graph output.
 
-A region neither starts nor ends with a reshape or a cast.  Regions are tried from the largest (the result farthest downstream of the anchor, the source farthest upstream)
-to the smallest, so a block takes its gamma/beta and the mean it subtracts, not a part of itself.
+A region neither starts nor ends with a reshape or a cast, and its source is read by two ops or more.  Regions
+are tried from the largest (the result farthest downstream of the anchor, the source farthest upstream) to the
+smallest, so a block takes its gamma/beta and the mean it subtracts, not a part of itself.
 
-Reads the graph, writes nothing.  :func:`evaluate` computes in float64 with numpy; it knows only
-:data:`PROBED_TYPES` (the ops blocks are written with), which is why it is not the executor.
+Reads the graph, writes nothing.  :func:`evaluate` computes in float64 with numpy and knows only
+:data:`PROBED_TYPES`, the ops blocks are written with (core sits below the executor and cannot run it).
 """
 
 from __future__ import annotations
