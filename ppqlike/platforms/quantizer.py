@@ -66,7 +66,10 @@ BLOCK_TREATMENTS = ("quantize", "float")
 
 @dataclass(frozen=True)
 class TransformerPolicy:
-    """What a platform does with each kind of transformer block (values from :data:`BLOCK_TREATMENTS`)."""
+    """What a platform does with each kind of transformer block (values from :data:`BLOCK_TREATMENTS`).
+
+    ``layer_norm`` covers RMSNorm too (a LayerNorm block of form ``rms_norm``), and ``gelu`` every form of GELU
+    (erf, tanh, quick): the targets treat them alike."""
 
     layer_norm: str = "float"
     gelu: str = "quantize"
