@@ -10,7 +10,6 @@ evaluator running the layout-1 node itself.
 """
 
 import numpy as np
-import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from onnx.reference import ReferenceEvaluator

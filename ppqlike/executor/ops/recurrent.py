@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...core.errors import ExecutionError
-from ._recurrent_activations import Activation, bind_activations
+from ._recurrent_activations import bind_activations
 from .base import Kernel, attribute, by_opset, unsupported
 
 #: gates per op type, and the default activations of one direction
@@ -50,7 +50,7 @@ class _Cell:
     outputs: int
 
 
-def _parse(op, opset: int) -> _Cell:
+def _parse(op, has_layout: bool) -> _Cell:
     op_type = op.type
     hidden = int(attribute(op, "hidden_size"))
     if hidden <= 0:
@@ -77,7 +77,7 @@ def _parse(op, opset: int) -> _Cell:
     clip = attribute(op, "clip", None)
     if clip is not None and not float(clip) > 0:
         raise unsupported(op, f"clip {clip} (must be positive)")
-    layout = int(attribute(op, "layout", 0)) if opset >= 14 else 0
+    layout = int(attribute(op, "layout", 0)) if has_layout else 0
     if layout not in (0, 1):
         raise unsupported(op, f"layout {layout} (0: sequence first, 1: batch first)")
     return _Cell(op_type, hidden, reverse, activations, None if clip is None else float(clip),
@@ -207,8 +207,8 @@ def _run_direction(cell: _Cell, d: int, x, w, r, b, lengths, h, c, p):
     return y, h, c
 
 
-def _build(op, opset: int) -> Kernel:
-    cell = _parse(op, opset)
+def _build(op, has_layout: bool) -> Kernel:
+    cell = _parse(op, has_layout)
     directions = len(cell.reverse)
 
     def kernel(inputs):
@@ -249,4 +249,14 @@ def _build(op, opset: int) -> Kernel:
     return kernel
 
 
-KERNELS: dict = {op_type: by_opset({7: _build, 14: _build}) for op_type in _GATES}
+def _build_7(op, opset: int) -> Kernel:
+    """LSTM-7, GRU-7, RNN-7: sequence first."""
+    return _build(op, has_layout=False)
+
+
+def _build_14(op, opset: int) -> Kernel:
+    """LSTM-14, GRU-14, RNN-14 (and 22, the same with more types): ``layout`` 1 is batch first."""
+    return _build(op, has_layout=True)
+
+
+KERNELS: dict = {op_type: by_opset({7: _build_7, 14: _build_14}) for op_type in _GATES}
