@@ -20,7 +20,7 @@ from ..io.files import atomic_write_bytes, read_json
 from ..platforms.target import TargetPlatform
 from .ppq_setting import DispatchingTable, PPQSettingViews
 
-_OBSERVERS = ("minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search")
+_OBSERVERS = ("minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search", "auto")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
 _EQUALIZATION_CLIP = ("exact", "skip")
 _RECIPES = ("plain", "balanced", "best")  # what each does: ppqlike.optim.recipe.RECIPES (a test keeps them equal)

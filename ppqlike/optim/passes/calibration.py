@@ -24,9 +24,11 @@ from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.op_facts import VALUE_PRESERVING_TYPES
 from ...core.quant_graph import configured_operations, input_config, output_config
 from ...executor import NumpyExecutor, OperationHook
+from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
 from ..distributed import observe_on_ray
-from ..observers import make_observer
+from ..observers import ChoiceObserver, make_observer
+from .sensitivity import leading_samples, sample_cosines
 from .threshold_search import search_thresholds
 
 S = QuantizationStates
@@ -128,6 +130,34 @@ def observe_shard(graph: Graph, batches: list) -> list:
     return [observer for _, observer, *_ in observers]
 
 
+def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, held_aside, first_batches) -> dict:
+    """For the 'auto' observers (observers/choice.py): render every one with each candidate in turn, measure
+    the output error (1 - mean per-sample cosine against FP32) on held-aside calibration samples (else the
+    first calibration batch), and keep the candidate with the smaller error.  Returns what was measured."""
+    choosing = [observer for _, observer, *_ in observers if isinstance(observer, ChoiceObserver)]
+    if not choosing:
+        return {}
+    batch = next(iter(held_aside), None) if held_aside is not None else (first_batches[0] if first_batches else None)
+    if batch is None:
+        return {"observer_chosen": choosing[0].chosen, "observer_errors": {}}
+    batch = leading_samples(batch, 16)
+    with dequantized(graph):
+        reference = executor.forward(batch)
+    errors = {}
+    for name in choosing[0].candidates:
+        for observer in choosing:
+            observer.choose(name)
+            observer.render()
+        error = float(1.0 - np.mean(sample_cosines(executor.forward(batch), reference)))
+        errors[name] = error if error == error else float("inf")
+    best = min(errors, key=lambda name: errors[name])   # the first of equals: the candidates' order
+    for observer in choosing:
+        observer.choose(best)
+        observer.render()
+    return {"observer_chosen": best, "observer_errors": {k: round(v, 6) for k, v in errors.items()},
+            "observer_chosen_on": "held-aside calibration samples" if held_aside is not None else "calibration batch 0"}
+
+
 class RuntimeCalibrationPass(QuantizationOptimizationPass):
     """Observe activations on calibration data and render their scales.
 
@@ -177,6 +207,7 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
         for config, observer, operation, side, index in observers:
             observer.render()
             config.state = S.ACTIVATED
+        choice = _choose_observers(graph, executor, observers, kwargs.get("held_aside"), first_batches)
         return {"observed": len(observers), "searched": searched, "backend": self.backend, **workers_report,
-                "terminal_observers": terminal,
+                "terminal_observers": terminal, **choice,
                 "observer_bytes": int(sum(o.state_nbytes for _, o, *_ in observers))}
