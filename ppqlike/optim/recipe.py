@@ -175,7 +175,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                                    time_budget_s=budget.part(0.6) if setting.range_search else budget))
     passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0,
                                       backend=setting.calibration_backend, workers=setting.calibration_workers,
-                                      terminal_observer=setting.terminal_observer),
+                                      terminal_observer=setting.terminal_observer,
+                                      unsigned_non_negative=policy.activation.unsigned_non_negative),
                QuantizationAlignmentPass(setting.concat_alignment, policy.add_alignment),
                PassiveParameterQuantizePass()]
     if policy.bias_int32:  # before the passes that measure errors: they see biases that fit

@@ -39,6 +39,7 @@ class TensorPolicy:
     narrow_range: bool = False       # [-127, 127] instead of [-128, 127]
     power_of_2: bool = False
     observer: str = "minmax"
+    unsigned_non_negative: bool = False   # a symmetric tensor whose calibration minimum is >= 0 is unsigned
 
     def quant_range(self) -> tuple[int, int]:
         """(quant_min, quant_max) of this policy."""

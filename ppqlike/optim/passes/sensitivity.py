@@ -60,6 +60,13 @@ def leading_samples(batch, samples: int):
     return np.asarray(batch)[:samples]
 
 
+def sample_count(batch) -> int:
+    """The samples in a batch (the leading axis of its first array)."""
+    first = next(iter(batch.values())) if isinstance(batch, dict) else \
+        batch[0] if isinstance(batch, (list, tuple)) else batch
+    return int(np.shape(first)[0]) if np.ndim(first) else 1
+
+
 # ---------------------------------------------------------------- running
 class AloneRunner:
     """FP32 intermediates of one batch, and partial re-runs with one unit quantized."""
