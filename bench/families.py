@@ -16,9 +16,10 @@ Per family: the FP32 model's outputs on the dev inputs (onnxruntime), then per c
 recorded with its exception and the frame that raised it, and the run goes on.  The exported model runs in
 onnxruntime (the fused session, or the unoptimized one where this CPU's fused u8 x s8 kernels saturate, as in
 ``bench/run.py``).  Scores: per output, the cosine of each dev sample's output with the FP32 one (the table
-shows the mean over outputs of the per-sample mean, and the worst sample of any output; NaN where an output
-is not finite), and the family metric of ``bench/family_metrics.py`` (detection F1 against the FP32 boxes,
-top-1 agreement, ...).
+shows the mean over outputs of the per-sample mean, the worst sample of any output, and the fraction of
+samples with a non-finite output, which have no cosine; a second table gives each output of multi-output
+models), and the family metric of ``bench/family_metrics.py`` (detection F1 against the FP32 boxes, top-1
+agreement, ...).  Printed: the tables; ``--json``: every measurement, with versions and load averages.
 """
 
 from __future__ import annotations
@@ -155,15 +156,27 @@ def configurations(platforms: list[str], recipe: str, with_ort: bool) -> list[di
 
 
 def score(family: dict, reference: dict, outputs: dict) -> dict:
-    """Per-output cosines, their summary and the family metric of ``outputs`` against ``reference``."""
+    """Per-output cosines, their summary and the family metric of ``outputs`` against ``reference``.
+
+    A sample whose quantized output holds a non-finite value has no cosine: it is counted in ``non_finite``
+    (fraction of samples) and left out of ``mean`` and ``worst``; the summary (mean over outputs of the
+    per-sample means, worst over outputs) leaves out an output with no finite sample, and ``non_finite`` is
+    the largest fraction of any output.
+    """
     per_output = {}
     for name in family["outputs"]:
         cosine = family_metrics.cosine_per_sample(outputs[name], reference[name])
-        per_output[name] = {"mean": float(np.mean(cosine)), "worst": float(np.min(cosine)),
-                            "non_finite": float(np.mean(~np.isfinite(outputs[name])))}
-    means = [v["mean"] for v in per_output.values()]
-    return {"cosine_mean": float(np.mean(means)), "cosine_worst": float(min(v["worst"] for v in per_output.values())),
-            "outputs": per_output, "metric": family_metrics.family_metric(reference, outputs, family["metric"])}
+        finite = cosine[np.isfinite(cosine)]
+        per_output[name] = {"mean": float(finite.mean()) if len(finite) else float("nan"),
+                            "worst": float(finite.min()) if len(finite) else float("nan"),
+                            "non_finite": float(np.mean(~np.isfinite(cosine)))}
+    means = np.array([v["mean"] for v in per_output.values()])
+    worsts = np.array([v["worst"] for v in per_output.values()])
+    finite = np.isfinite(means)
+    return {"cosine_mean": float(means[finite].mean()) if finite.any() else float("nan"),
+            "cosine_worst": float(worsts[finite].min()) if finite.any() else float("nan"),
+            "non_finite": float(max(v["non_finite"] for v in per_output.values())), "outputs": per_output,
+            "metric": family_metrics.family_metric(reference, outputs, family["metric"])}
 
 
 def run_family(family: dict, configs: list[dict], args, workdir: Path, log) -> dict:
@@ -174,11 +187,10 @@ def run_family(family: dict, configs: list[dict], args, workdir: Path, log) -> d
     dev = batches(family, "dev")
     stacked = family.get("stack", True)
     reference = run_outputs(metrics.ort_session(family["model_path"]), dev, family["outputs"], stacked)
-    fp32_self = family_metrics.family_metric(reference, reference, family["metric"])
     calib_samples = min(args.calib_samples or family.get("calib_default", family["calib_count"]),
                         family["calib_count"])
     result = {"model": name, "family": family["family"], "weights": family["weights"], "source": family["source"],
-              "calib_samples": calib_samples, "dev_samples": family["dev_count"], "fp32_metric": fp32_self,
+              "calib_samples": calib_samples, "dev_samples": family["dev_count"], "fp32_check": family.get("check", ""),
               "rows": []}
     for config in configs:
         output = workdir / f"{name}__{config['key'].replace(':', '_')}.onnx"
@@ -209,27 +221,49 @@ def run_family(family: dict, configs: list[dict], args, workdir: Path, log) -> d
     return result
 
 
+def environment() -> dict:
+    """Versions and the git commit the measurements were made with."""
+    import subprocess
+
+    import onnxruntime
+    commit = subprocess.run(["git", "-C", str(BENCH.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(BENCH.parent), "status", "--porcelain", "--", "ppqlike"],
+                           capture_output=True, text=True).stdout.strip()
+    return {"git": commit + ("+changes" if dirty else ""), "python": sys.version.split()[0],
+            "numpy": np.__version__, "onnxruntime": onnxruntime.__version__, "cpus": os.cpu_count()}
+
+
 def _cell(value, digits: int = 3) -> str:
     return "nan" if isinstance(value, float) and not np.isfinite(value) else f"{value:.{digits}f}"
 
 
 def markdown(results: list[dict], skipped: list[str]) -> str:
-    """The table of every row (errors shortened; the JSON has them whole)."""
-    lines = ["| model | weights | configuration | output cosine mean | worst | family metric | quantize s | wall s |",
-             "|---|---|---|---|---|---|---|---|"]
+    """The summary table of every row (errors shortened; the JSON has them whole), then the cosine of each
+    output of the multi-output models."""
+    lines = ["| model | weights | configuration | output cosine mean | worst | non-finite samples | family metric | "
+             "quantize s | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    per_output = ["| model | configuration | " + "output: mean / worst cosine (non-finite samples) |", "|---|---|---|"]
     for result in results:
         weights = "real" if result["weights"] == "real" else "random"
         for row in result["rows"]:
             if "error" in row:
                 lines.append(f"| {result['model']} | {weights} | {row['config']} | failed: "
-                             f"{row['error'][:160].replace('|', '/')} | | | | {row['wall_seconds']} |")
+                             f"{row['error'][:160].replace('|', '/')} | | | | | {row['wall_seconds']} |")
                 continue
             metric = row["metric"]
             lines.append(f"| {result['model']} | {weights} | {row['config']} | {_cell(row['cosine_mean'], 4)} | "
-                         f"{_cell(row['cosine_worst'], 4)} | {metric['kind']} {_cell(metric['score'])} | "
-                         f"{row['quantize_seconds']:.1f} | {row['wall_seconds']} |")
-    lines += [f"\nSkipped: {line}" for line in skipped]
-    return "\n".join(lines) + "\n"
+                         f"{_cell(row['cosine_worst'], 4)} | {_cell(row['non_finite'], 2)} | "
+                         f"{metric['kind']} {_cell(metric['score'])} | {row['quantize_seconds']:.1f} | "
+                         f"{row['wall_seconds']} |")
+            if len(row["outputs"]) > 1:
+                cells = "; ".join(f"{name} {_cell(v['mean'], 4)} / {_cell(v['worst'], 4)} ({_cell(v['non_finite'], 2)})"
+                                  for name, v in row["outputs"].items())
+                per_output.append(f"| {result['model']} | {row['config']} | {cells} |")
+    text = "\n".join(lines) + "\n"
+    if len(per_output) > 2:
+        text += "\n" + "\n".join(per_output) + "\n"
+    return text + "".join(f"\nSkipped: {line}" for line in skipped) + ("\n" if skipped else "")
 
 
 def main(argv=None) -> None:
@@ -256,6 +290,7 @@ def main(argv=None) -> None:
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    started, load_before = time.perf_counter(), os.getloadavg()
     results, skipped = [], []
     with tempfile.TemporaryDirectory(prefix="ppqlike_families_") as scratch:
         workdir = args.workdir or Path(scratch)
@@ -273,7 +308,9 @@ def main(argv=None) -> None:
     table = markdown(results, skipped)
     print(table)
     document = {"devset": str(args.devset), "recipe": args.recipe, "platforms": platforms,
-                "ort_baseline": not args.no_ort, "results": results, "skipped": skipped}
+                "ort_baseline": not args.no_ort, "calib_samples": args.calib_samples, "environment": environment(),
+                "load_average": {"start": load_before, "end": os.getloadavg()},
+                "seconds": round(time.perf_counter() - started, 1), "results": results, "skipped": skipped}
     if args.json:
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     if args.markdown:
