@@ -298,8 +298,8 @@ def main(argv=None) -> None:
         for name in names:
             family = load_family(args.devset / name)
             if family is None:
-                skipped.append(f"{name}: model.onnx, calib.npz, dev.npz or manifest.json absent in {args.devset / name} "
-                               "(build it with bench/devset/build.py)")
+                skipped.append(f"{name}: model.onnx, calib.npz, dev.npz or manifest.json absent in "
+                               f"{args.devset / name} (build it with bench/devset/build.py)")
                 log(f"[{name}] skipped: {skipped[-1]}")
                 continue
             results.append(run_family(family, configs, args, workdir, log))

@@ -179,7 +179,8 @@ def _metric_ctc(fp32, quantized, params):
     return {"score": same, "sequence_agreement": same, "symbol_error_rate": errors / symbols}
 
 
-def _nearest(embeddings: np.ndarray) -> np.ndarray:
+def nearest_neighbours(embeddings: np.ndarray) -> np.ndarray:
+    """Per sample the index of the most cosine-similar other sample."""
     x = np.asarray(embeddings, np.float64)
     x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     similarity = x @ x.T
@@ -188,7 +189,8 @@ def _nearest(embeddings: np.ndarray) -> np.ndarray:
 
 
 def _metric_neighbours(fp32, quantized, params):
-    agreement = float(np.mean(_nearest(quantized[params["output"]]) == _nearest(fp32[params["output"]])))
+    found, reference = quantized[params["output"]], fp32[params["output"]]
+    agreement = float(np.mean(nearest_neighbours(found) == nearest_neighbours(reference)))
     return {"score": agreement, "neighbour_agreement": agreement}
 
 

@@ -125,7 +125,7 @@ def _minilm(folder: Path, context: dict, write_out: bool):
     example = tuple(torch.from_numpy(calib[k][:2]) for k in names)
     export(model, example, folder / "model.onnx", names, ["sentence_embedding"], 14 if write_out else 17)
     embedding = _ort_run(folder / "model.onnx", dev, ["sentence_embedding"])[0]
-    nearest = family_metrics._nearest(embedding)
+    nearest = family_metrics.nearest_neighbours(embedding)
     topic = np.array([i // text.PER_TOPIC for i in range(len(text.sentences())) if i % text.CALIB_EVERY])
     same_topic = float(np.mean(topic == topic[nearest]))
     check = f"FP32 nearest dev sentence of the same topic: {same_topic:.2f}"

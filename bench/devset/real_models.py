@@ -149,7 +149,7 @@ def build_ocr_rec(folder: Path, context: dict):
     model = _copy_model(sources.OCR_REC, folder, context)
     output = model.graph.output[0].name
     alphabet = [""] + next(p.value for p in model.metadata_props if p.key == "character").split("\n") + [" "]
-    lines, data, truth = text.sentences(), {}, {}
+    lines, data = text.sentences(), {}
     for split, count, seed in (("calib", 64, 41), ("dev", 128, 42)):
         rng = np.random.default_rng(seed)
         rendered = [images.text_line(rng, lines) for _ in range(count)]
