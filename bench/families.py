@@ -115,6 +115,7 @@ def _quantize_ort(spec: dict) -> dict:
 
     family = spec["family"]
     samples = batches(family, "calib", spec["calib_samples"], batch=1)
+    os.chdir(Path(spec["output"]).parent)   # quant_pre_process leaves temporary files in the working directory
     started = time.perf_counter()
     source, note = spec["output"] + ".pre.onnx", ""
     try:
