@@ -123,7 +123,7 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
 
 def resolve_policy(platform, setting: QuantizationSetting) -> PlatformPolicy:
     """The platform's policy with the setting's overrides (observer, per-channel weights, Add alignment, the
-    recurrent ops' treatment)."""
+    recurrent ops' treatment, the placement)."""
     policy = get_platform_policy(platform)
     changes: dict[str, Any] = {}
     if setting.activation_observer is not None:
@@ -134,6 +134,8 @@ def resolve_policy(platform, setting: QuantizationSetting) -> PlatformPolicy:
         changes["add_alignment"] = setting.add_alignment
     if setting.recurrent is not None:
         changes["recurrent"] = setting.recurrent
+    if setting.placement is not None:
+        changes["placement"] = setting.placement
     return policy.with_changes(**changes) if changes else policy
 
 
@@ -142,7 +144,8 @@ def effective_setting(setting: QuantizationSetting, policy: PlatformPolicy) -> d
     ``{key: value}`` plus ``'platform_defaults'``, the keys whose value came from the platform."""
     values = setting.to_dict()
     used = {"activation_observer": policy.activation.observer, "weight_per_channel": policy.weight.per_channel,
-            "add_alignment": policy.add_alignment, "recurrent": policy.recurrent, "export_uint8_activations": False,
+            "add_alignment": policy.add_alignment, "recurrent": policy.recurrent, "placement": policy.placement,
+            "export_uint8_activations": False,
             "export_qdq_per_consumer": False, "export_uint8_weights": policy.runtime_kernels == "onnxruntime"}
     defaults = sorted(key for key, value in used.items() if values.get(key) is None)
     for key in defaults:
