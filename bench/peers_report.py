@@ -1,0 +1,97 @@
+"""The peers' section of docs/BENCHMARKS.md (issue 33) from a bench/run.py measurement that has peer rows:
+
+    python bench/run.py --tools ppqlike,ort,peers --configs 'ppqlike:*:default,nncf:*,modelopt:*,quark:*,ort:*:per_channel' \\
+        --out /tmp/peers.md --json /tmp/peers.json
+    python bench/peers_report.py /tmp/peers.json            # writes the section into docs/BENCHMARKS.md
+
+The section goes among the kept sections (after report.KEPT_MARKER, which bench/run.py keeps when it rewrites
+the file) and replaces an earlier one of the same title.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import recipe_report  # noqa: E402
+import report  # noqa: E402
+
+TITLE = "## Peer quantizers: NNCF, ModelOpt, Quark (issue 33)"
+
+
+def _detail_rows(models: list[dict]) -> list[str]:
+    """What each peer's model quantizes and what it cost: one line per (model, peer row)."""
+    lines = ["| model | row | activations (count of QuantizeLinear) | weights | Conv/MatMul/Gemm left in float "
+             "| top-1 | quant. s | peak MiB | speed ×FP32 |", "|---|---|---|---|---|--:|--:|--:|--:|"]
+    for model in models:
+        for label, key in recipe_report.PEER_ROWS:
+            row = model["rows"].get(key)
+            if row is None:
+                continue
+            if "unavailable" in row or "accuracy" not in row:
+                why = row.get("unavailable") or str(report._get(row, "quantization", "error", default="?"))
+                lines.append(f"| {model['title']} | {label} | {'unavailable' if 'unavailable' in row else 'failed'}: "
+                             f"{why[:200]} | | | | | | |")
+                continue
+            child, q = row["quantization"]["child"], row["quantization"]
+            weights = ", ".join(f"{n} {k}" for k, n in child["weight_quantizers"].items())
+            floating = child["float_compute_ops"]
+            lines.append(f"| {model['title']} | {label} | {child['activation']} | {weights} "
+                         f"| {len(floating)} of {child['compute_ops']}"
+                         + (f" ({', '.join(floating[:4])}{', ...' if len(floating) > 4 else ''})" if floating else "")
+                         + f" | {row['accuracy']['top1']:.3f} | {q['wall_seconds']:.1f} | {q['peak_rss_mb']:.0f} "
+                         f"| {row['throughput']['speedup']:.2f} |")
+    return lines
+
+
+def section(results: dict) -> str:
+    env, options = results["environment"], results["options"]
+    lines = [TITLE, "",
+             f"`{results['command']}` ({options['calib_images']} calibration images, {options['dev_images']} dev "
+             f"images; {env['cores']} cores, load {env['load_start']} at the start, {env.get('load_end', '?')} at "
+             f"the end; {results.get('seconds', 0) / 60:.0f} min; ppqlike {env['versions'].get('ppqlike')}), then "
+             "`python bench/peers_report.py` on its JSON. Every peer runs with its documented defaults in its own "
+             "venv (`bench/peers_venv.sh`, bench/README.md) on the same calibration images, writes a QDQ model, and "
+             "that model is evaluated in onnxruntime like the other rows.", "",
+             *(f"- {note}" for note in results.get("notes", ())), "",
+             "Each cell: top-1 agreement with FP32 / SNR / mean output cosine / wall time of the quantizing "
+             "process (imports, decoding the calibration JPEGs, calibration, writing the model) / its peak RSS.", "",
+             "| row | " + " | ".join(m["title"] for m in results["models"]) + " |",
+             "|---|" + "--:|" * len(results["models"])]
+    for label, key in recipe_report._rows():
+        if any(key in m["rows"] for m in results["models"]):
+            lines.append(f"| {label} | " + " | ".join(recipe_report._cell(m, key) for m in results["models"]) + " |")
+    lines += ["", *recipe_report.peer_comparison(results["models"]),
+              "What the peers' models quantize (read from the written QDQ files, `bench/peers.py: qdq_summary`):", "",
+              *_detail_rows(results["models"]), ""]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str, path: Path) -> None:
+    """Put ``text`` (a section starting with TITLE) among the kept sections of ``path``, replacing an older one."""
+    existing = path.read_text()
+    if report.KEPT_MARKER not in existing:
+        existing = existing.rstrip("\n") + "\n\n" + report.KEPT_MARKER + "\n"
+    head, kept = existing.split(report.KEPT_MARKER, 1)
+    if TITLE in kept:
+        before, after = kept.split(TITLE, 1)
+        following = after.find("\n## ")
+        kept = before.rstrip("\n") + "\n\n" + (after[following + 1:] if following >= 0 else "")
+    kept = "\n\n" + text + "\n" + kept.lstrip("\n")
+    path.write_text(head + report.KEPT_MARKER + kept)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", help="the --json of a bench/run.py run with peer rows")
+    parser.add_argument("--out", default=str(report.REPO / "docs" / "BENCHMARKS.md"))
+    args = parser.parse_args()
+    write_section(section(json.loads(Path(args.results).read_text())), Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
