@@ -233,7 +233,9 @@ def quantize_child(spec: dict) -> dict:
 def qdq_summary(path) -> dict:
     """What the quantized model at ``path`` quantizes and how: counts of activation QuantizeLinear nodes by
     (type, symmetric or not), weight DequantizeLinear nodes by (type, per-channel or not), how many
-    Conv/MatMul/Gemm read a dequantized input, which of them do not, and whether the model carries float16."""
+    Conv/MatMul/Gemm there are and which of them read an input or a weight that is not dequantized (through
+    Identity/Reshape/...: left in float), whether the model's outputs are dequantized (quantized logits), and
+    whether it carries float16."""
     import collections
 
     import numpy as np
@@ -272,24 +274,38 @@ def qdq_summary(path) -> dict:
             weights[f"{kind} {'per-channel' if per_channel else 'per-tensor'}"] += 1
     compute = [n for n in graph.node if n.op_type in ("Conv", "MatMul", "Gemm", "ConvTranspose")]
 
-    def reads_dequantized(node) -> bool:
-        source = producer.get(node.input[0])
-        return source is not None and source.op_type == "DequantizeLinear"
+    def dequantized(name: str) -> bool:
+        """Whether ``name`` comes from a DequantizeLinear, through ops that only move or copy values."""
+        for _ in range(8):
+            node = producer.get(name)
+            if node is None:
+                return False
+            if node.op_type == "DequantizeLinear":
+                return True
+            if node.op_type not in _PASS_THROUGH:
+                return False
+            name = node.input[0]
+        return False
 
-    float_compute = [n.name or n.output[0] for n in compute if not reads_dequantized(n)]
+    float_compute = [n.name or n.output[0] for n in compute if not all(dequantized(i) for i in n.input[:2])]
     float16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in graph.initializer) or any(
         a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for n in graph.node if n.op_type == "Cast"
         for a in n.attribute)
     return {"activation_quantizers": dict(activations), "weight_quantizers": dict(weights),
-            "compute_ops": len(compute), "float_compute_ops": float_compute, "float16": float16,
+            "compute_ops": len(compute), "float_compute_ops": float_compute,
+            "output_quantized": all(dequantized(o.name) for o in graph.output), "float16": float16,
             "activation": _activation_text(activations)}
 
 
+#: ops that only move or copy values: a Q/DQ pair before them quantizes what they pass on
+_PASS_THROUGH = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
+
+
 def _activation_text(counts) -> str:
-    """The activation quantizers in words: 'symmetric int8', 'asymmetric uint8', 'unsigned symmetric uint8'
+    """The activation quantizers in words: 'symmetric int8', 'asymmetric uint8', 'uint8 [0, max] (zero point 0)'
     (zero point 0: the range [0, max]), ... joined with their counts where the model mixes kinds."""
     words = {"int8 zero 0": "symmetric int8", "uint8 zero 128": "symmetric uint8",
-             "uint8 zero 0": "unsigned symmetric uint8", "uint8 asymmetric": "asymmetric uint8",
+             "uint8 zero 0": "uint8 [0, max] (zero point 0)", "uint8 asymmetric": "asymmetric uint8",
              "int8 asymmetric": "asymmetric int8"}
     if not counts:
         return "none"

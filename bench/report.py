@@ -270,7 +270,7 @@ def _activation(row: dict) -> str:
     text = child.get("activation", "")
     short = {"asymmetric uint8": "u8 asym", "symmetric int8": "s8 sym", "symmetric uint8": "u8 sym",
              "asymmetric int8": "s8 asym", "asymmetric int8 (QInt8)": "s8 asym",
-             "unsigned symmetric uint8": "u8 zero 0"}
+             "uint8 [0, max] (zero point 0)": "u8 [0,max]"}
     if text.startswith("mixed: "):   # a peer's model with several kinds (bench/peers.py: qdq_summary)
         return " + ".join(f"{part.split(' ', 1)[0]} {short.get(part.split(' ', 1)[1], part.split(' ', 1)[1])}"
                           for part in text[len("mixed: "):].split(", "))
