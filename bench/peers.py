@@ -234,7 +234,7 @@ def qdq_summary(path) -> dict:
     """What the quantized model at ``path`` quantizes and how: counts of activation QuantizeLinear nodes by
     (type, symmetric or not), weight DequantizeLinear nodes by (type, per-channel or not), how many
     Conv/MatMul/Gemm there are and which of them read an input or a weight that is not dequantized (through
-    Identity/Reshape/...: left in float), whether the model's outputs are dequantized (quantized logits), and
+    Identity/Reshape/Pad/MaxPool/Concat: left in float), whether the model's outputs are dequantized (quantized logits), and
     whether it carries float16."""
     import collections
 
@@ -274,18 +274,17 @@ def qdq_summary(path) -> dict:
             weights[f"{kind} {'per-channel' if per_channel else 'per-tensor'}"] += 1
     compute = [n for n in graph.node if n.op_type in ("Conv", "MatMul", "Gemm", "ConvTranspose")]
 
-    def dequantized(name: str) -> bool:
-        """Whether ``name`` comes from a DequantizeLinear, through ops that only move or copy values."""
-        for _ in range(8):
-            node = producer.get(name)
-            if node is None:
-                return False
-            if node.op_type == "DequantizeLinear":
-                return True
-            if node.op_type not in _PASS_THROUGH:
-                return False
-            name = node.input[0]
-        return False
+    def dequantized(name: str, depth: int = 0) -> bool:
+        """Whether ``name`` comes from a DequantizeLinear, through ops that only move, copy, pad or take the
+        maximum of values (Concat: every input)."""
+        node = producer.get(name)
+        if node is None or depth > 8:
+            return False
+        if node.op_type == "DequantizeLinear":
+            return True
+        if node.op_type == "Concat":
+            return all(dequantized(i, depth + 1) for i in node.input)
+        return node.op_type in _PASS_THROUGH and dequantized(node.input[0], depth + 1)
 
     float_compute = [n.name or n.output[0] for n in compute if not all(dequantized(i) for i in n.input[:2])]
     float16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in graph.initializer) or any(
@@ -297,8 +296,10 @@ def qdq_summary(path) -> dict:
             "activation": _activation_text(activations)}
 
 
-#: ops that only move or copy values: a Q/DQ pair before them quantizes what they pass on
-_PASS_THROUGH = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
+#: ops that only move, copy, pad with zeros or take the maximum of values: a Q/DQ pair before them quantizes
+#: what they pass on (NNCF and ModelOpt put it there)
+_PASS_THROUGH = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Pad",
+                           "MaxPool"})
 
 
 def _activation_text(counts) -> str:

@@ -4,6 +4,8 @@
         --out /tmp/peers.md --json /tmp/peers.json
     python bench/peers_report.py /tmp/peers.json            # writes the section into docs/BENCHMARKS.md
 
+(with the run's ``--workdir``, ``--workdir`` here also describes ppqlike's and onnxruntime's models).
+
 The section goes among the kept sections (after report.KEPT_MARKER, which bench/run.py keeps when it rewrites
 the file) and replaces an earlier one of the same title.
 """
@@ -17,18 +19,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import peers  # noqa: E402
 import recipe_report  # noqa: E402
 import report  # noqa: E402
 
 TITLE = "## Peer quantizers: NNCF, ModelOpt, Quark (issue 33)"
 
 
-def _detail_rows(models: list[dict]) -> list[str]:
-    """What each peer's model quantizes and what it cost: one line per (model, peer row)."""
+def _summary(row: dict, model: str, key: str, workdir: Path | None) -> dict | None:
+    """What the row's model quantizes: read again from ``workdir`` (bench/run.py --workdir) where the file is
+    there, else what the peer's child read (None for ppqlike and onnxruntime rows without a workdir)."""
+    path = workdir / f"{model}__{key.replace(':', '_')}.onnx" if workdir else None
+    if path is not None and path.exists():
+        return peers.qdq_summary(path)
+    return (row.get("quantization") or {}).get("child") if key.split(":")[0] in peers.PEER_TOOLS else None
+
+
+def _detail_rows(models: list[dict], workdir: Path | None) -> list[str]:
+    """What each row's model quantizes and what it cost: one line per (model, row)."""
     lines = ["| model | row | activations (count of QuantizeLinear) | weights | Conv/MatMul/Gemm left in float "
-             "| top-1 | quant. s | peak MiB | speed ×FP32 |", "|---|---|---|---|---|--:|--:|--:|--:|"]
+             "| output quantized | top-1 | quant. s | CPU s | peak MiB | speed ×FP32 |",
+             "|---|---|---|---|---|---|--:|--:|--:|--:|--:|"]
     for model in models:
-        for label, key in recipe_report.PEER_ROWS:
+        for label, key in recipe_report._rows():
             row = model["rows"].get(key)
             if row is None:
                 continue
@@ -37,18 +50,21 @@ def _detail_rows(models: list[dict]) -> list[str]:
                 lines.append(f"| {model['title']} | {label} | {'unavailable' if 'unavailable' in row else 'failed'}: "
                              f"{why[:200]} | | | | | | |")
                 continue
-            child, q = row["quantization"]["child"], row["quantization"]
-            weights = ", ".join(f"{n} {k}" for k, n in child["weight_quantizers"].items())
-            floating = child["float_compute_ops"]
-            lines.append(f"| {model['title']} | {label} | {child['activation']} | {weights} "
-                         f"| {len(floating)} of {child['compute_ops']}"
-                         + (f" ({', '.join(floating[:4])}{', ...' if len(floating) > 4 else ''})" if floating else "")
-                         + f" | {row['accuracy']['top1']:.3f} | {q['wall_seconds']:.1f} | {q['peak_rss_mb']:.0f} "
-                         f"| {row['throughput']['speedup']:.2f} |")
+            summary, q = _summary(row, model["model"], key, workdir), row["quantization"]
+            if summary is None:
+                continue
+            weights = ", ".join(f"{n} {k}" for k, n in summary["weight_quantizers"].items())
+            floating = summary["float_compute_ops"]
+            output = {True: "yes", False: "no"}.get(summary.get("output_quantized"), "?")
+            lines.append(f"| {model['title']} | {label} | {summary['activation']} | {weights} "
+                         f"| {len(floating)} of {summary['compute_ops']}"
+                         + (f" ({', '.join(floating[:3])}{', ...' if len(floating) > 3 else ''})" if floating else "")
+                         + f" | {output} | {row['accuracy']['top1']:.3f} | {q['wall_seconds']:.1f} "
+                         f"| {q['cpu_seconds']:.1f} | {q['peak_rss_mb']:.0f} | {row['throughput']['speedup']:.2f} |")
     return lines
 
 
-def section(results: dict) -> str:
+def section(results: dict, workdir: Path | None = None) -> str:
     env, options = results["environment"], results["options"]
     lines = [TITLE, "",
              f"`{results['command']}` ({options['calib_images']} calibration images, {options['dev_images']} dev "
@@ -66,8 +82,12 @@ def section(results: dict) -> str:
         if any(key in m["rows"] for m in results["models"]):
             lines.append(f"| {label} | " + " | ".join(recipe_report._cell(m, key) for m in results["models"]) + " |")
     lines += ["", *recipe_report.peer_comparison(results["models"]),
-              "What the peers' models quantize (read from the written QDQ files, `bench/peers.py: qdq_summary`):", "",
-              *_detail_rows(results["models"]), ""]
+              "What each row's model quantizes (read from the written QDQ files by `bench/peers.py: qdq_summary`; "
+              "a Conv/MatMul/Gemm is *left in float* where its input or weight does not come out of a "
+              "DequantizeLinear, through Identity/Reshape/Pad/MaxPool/Concat; *output quantized*: the model's output "
+              "comes out of a DequantizeLinear, so the logits themselves are 8-bit). CPU s: user + system seconds of "
+              "the quantizing process, less sensitive to the machine's load than its wall time.", "",
+              *_detail_rows(results["models"], workdir), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -89,8 +109,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", help="the --json of a bench/run.py run with peer rows")
     parser.add_argument("--out", default=str(report.REPO / "docs" / "BENCHMARKS.md"))
+    parser.add_argument("--workdir", default=None, help="the run's --workdir: read every row's model again there "
+                                                        "(ppqlike's and onnxruntime's too)")
     args = parser.parse_args()
-    write_section(section(json.loads(Path(args.results).read_text())), Path(args.out))
+    workdir = Path(args.workdir) if args.workdir else None
+    write_section(section(json.loads(Path(args.results).read_text()), workdir), Path(args.out))
 
 
 if __name__ == "__main__":
