@@ -234,8 +234,8 @@ def qdq_summary(path) -> dict:
     """What the quantized model at ``path`` quantizes and how: counts of activation QuantizeLinear nodes by
     (type, symmetric or not), weight DequantizeLinear nodes by (type, per-channel or not), how many
     Conv/MatMul/Gemm there are and which of them read an input or a weight that is not dequantized (through
-    Identity/Reshape/Pad/MaxPool/Concat: left in float), whether the model's outputs are dequantized (quantized logits), and
-    whether it carries float16."""
+    Identity/Reshape/Pad/MaxPool/Concat: left in float), whether the model's outputs are dequantized (quantized
+    logits), and whether it carries float16."""
     import collections
 
     import numpy as np

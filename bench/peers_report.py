@@ -1,10 +1,12 @@
-"""The peers' section of docs/BENCHMARKS.md (issue 33) from a bench/run.py measurement that has peer rows:
+"""The peers' section of docs/BENCHMARKS.md (issue 33), from a bench/run.py measurement with peer rows:
 
-    python bench/run.py --tools ppqlike,ort,peers --configs 'ppqlike:*:default,nncf:*,modelopt:*,quark:*,ort:*:per_channel' \\
+    CONFIGS='ppqlike:ORT_INT8:default,ppqlike:TRT_INT8:default,ppqlike:TPU_INT8:default'
+    CONFIGS+=',ort:MinMax:per_channel,nncf:*,modelopt:*,quark:*'
+    python bench/run.py --tools ppqlike,ort,peers --configs "$CONFIGS" --workdir /tmp/peers_work \
         --out /tmp/peers.md --json /tmp/peers.json
-    python bench/peers_report.py /tmp/peers.json            # writes the section into docs/BENCHMARKS.md
+    python bench/peers_report.py /tmp/peers.json --workdir /tmp/peers_work   # the section of docs/BENCHMARKS.md
 
-(with the run's ``--workdir``, ``--workdir`` here also describes ppqlike's and onnxruntime's models).
+(``--workdir``, the run's, also describes ppqlike's and onnxruntime's models: what each quantizes).
 
 The section goes among the kept sections (after report.KEPT_MARKER, which bench/run.py keeps when it rewrites
 the file) and replaces an earlier one of the same title.
