@@ -232,7 +232,7 @@ def quantize_child(spec: dict) -> dict:
 
 def qdq_summary(path) -> dict:
     """What the quantized model at ``path`` quantizes and how: counts of activation QuantizeLinear nodes by
-    (type, symmetric or not), weight DequantizeLinear nodes by (type, per-channel or not), how many
+    (type, zero point, per-channel or not), weight DequantizeLinear nodes by (type, per-channel or not), how many
     Conv/MatMul/Gemm there are and which of them read an input or a weight that is not dequantized (through
     Identity/Reshape/Pad/MaxPool/Concat: left in float), whether the model's outputs are dequantized (quantized
     logits), and whether it carries float16."""
@@ -267,7 +267,9 @@ def qdq_summary(path) -> dict:
         if node.op_type == "QuantizeLinear" and not on_constant:
             values = np.zeros(1) if zero is None else zero
             form = "zero 0" if np.all(values == 0) else "zero 128" if np.all(values == 128) else "asymmetric"
-            activations[f"{kind} {form}"] += 1
+            scale = constants.get(node.input[1])
+            per_channel = scale is not None and numpy_helper.to_array(scale).size > 1   # NNCF: depthwise inputs
+            activations[f"{kind} {form}" + (" per-channel" if per_channel else "")] += 1
         elif on_constant:   # a weight: DequantizeLinear of an integer constant, or Q then DQ of a float one
             scale = constants.get(node.input[1])
             per_channel = scale is not None and numpy_helper.to_array(scale).size > 1
@@ -308,11 +310,16 @@ def _activation_text(counts) -> str:
     words = {"int8 zero 0": "symmetric int8", "uint8 zero 128": "symmetric uint8",
              "uint8 zero 0": "uint8 [0, max] (zero point 0)", "uint8 asymmetric": "asymmetric uint8",
              "int8 asymmetric": "asymmetric int8"}
+    def word(key: str) -> str:
+        channel = key.endswith(" per-channel")
+        base = key[:-len(" per-channel")] if channel else key
+        return words.get(base, base) + (" per-channel" if channel else "")
+
     if not counts:
         return "none"
     if len(counts) == 1:
-        return words.get(next(iter(counts)), next(iter(counts)))
-    return "mixed: " + ", ".join(f"{n} {words.get(k, k)}" for k, n in sorted(counts.items(), key=lambda i: -i[1]))
+        return word(next(iter(counts)))
+    return "mixed: " + ", ".join(f"{n} {word(k)}" for k, n in sorted(counts.items(), key=lambda i: -i[1]))
 
 
 if __name__ == "__main__":  # python bench/peers.py MODEL.onnx: what a QDQ model quantizes

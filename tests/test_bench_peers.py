@@ -115,3 +115,19 @@ def test_the_peers_section_replaces_its_older_self(tmp_path):
     text = path.read_text()
     assert text.count(peers_report.TITLE) == 1 and "second" in text and "first" not in text
     assert text.index(peers_report.TITLE) < text.index("## Other (issue 1)") and text.startswith("# generated")
+
+
+def test_qdq_summary_names_per_channel_activations(tmp_path):
+    """NNCF quantizes a depthwise Conv's input per channel: the activation quantizer's scale is a vector."""
+    scale, zero = np.array([0.1, 0.2, 0.3], np.float32), np.zeros(3, np.uint8)
+    nodes = [helper.make_node("QuantizeLinear", ["input", "s", "z"], ["q"], axis=1),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["output"], axis=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 2])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, 2])],
+                              [_constant("s", scale), _constant("z", zero)])
+    path = tmp_path / "pc.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    summary = peers.qdq_summary(path)
+    assert summary["activation_quantizers"] == {"uint8 zero 0 per-channel": 1}
+    assert summary["activation"] == "uint8 [0, max] (zero point 0) per-channel"
+    assert summary["compute_ops"] == 0 and summary["output_quantized"] is True
