@@ -234,8 +234,8 @@ def qdq_summary(path) -> dict:
     """What the quantized model at ``path`` quantizes and how: counts of activation QuantizeLinear nodes by
     (type, zero point, per-channel or not), weight DequantizeLinear nodes by (type, per-channel or not), how many
     Conv/MatMul/Gemm there are and which of them read an input or a weight that is not dequantized (through
-    Identity/Reshape/Pad/MaxPool/Concat: left in float), whether the model's outputs are dequantized (quantized
-    logits), and whether it carries float16."""
+    Identity/Reshape/Pad/MaxPool/Dropout/Concat: left in float), whether the model's outputs (the input of a
+    final Softmax: the logits) come out of a DequantizeLinear, and whether it carries float16."""
     import collections
 
     import numpy as np
@@ -288,20 +288,25 @@ def qdq_summary(path) -> dict:
             return all(dequantized(i, depth + 1) for i in node.input)
         return node.op_type in _PASS_THROUGH and dequantized(node.input[0], depth + 1)
 
+    def logits(name: str) -> str:
+        """The tensor a final (float) Softmax reads, else ``name``: the logits."""
+        node = producer.get(name)
+        return node.input[0] if node is not None and node.op_type == "Softmax" else name
+
     float_compute = [n.name or n.output[0] for n in compute if not all(dequantized(i) for i in n.input[:2])]
     float16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in graph.initializer) or any(
         a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for n in graph.node if n.op_type == "Cast"
         for a in n.attribute)
     return {"activation_quantizers": dict(activations), "weight_quantizers": dict(weights),
             "compute_ops": len(compute), "float_compute_ops": float_compute,
-            "output_quantized": all(dequantized(o.name) for o in graph.output), "float16": float16,
+            "output_quantized": all(dequantized(logits(o.name)) for o in graph.output), "float16": float16,
             "activation": _activation_text(activations)}
 
 
-#: ops that only move, copy, pad with zeros or take the maximum of values: a Q/DQ pair before them quantizes
+#: ops that only move, copy, pad with zeros or take the maximum of values (Dropout: at inference): a Q/DQ pair before them quantizes
 #: what they pass on (NNCF and ModelOpt put it there)
 _PASS_THROUGH = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Pad",
-                           "MaxPool"})
+                           "MaxPool", "Dropout"})
 
 
 def _activation_text(counts) -> str:

@@ -40,7 +40,7 @@ def _summary(row: dict, model: str, key: str, workdir: Path | None) -> dict | No
 def _detail_rows(models: list[dict], workdir: Path | None) -> list[str]:
     """What each row's model quantizes and what it cost: one line per (model, row)."""
     lines = ["| model | row | activations (count of QuantizeLinear) | weights | Conv/MatMul/Gemm left in float "
-             "| output quantized | top-1 | quant. s | CPU s | peak MiB | speed ×FP32 |",
+             "| logits quantized | top-1 | quant. s | CPU s | peak MiB | speed ×FP32 |",
              "|---|---|---|---|---|---|--:|--:|--:|--:|--:|"]
     for model in models:
         for label, key in recipe_report._rows():
@@ -86,8 +86,8 @@ def section(results: dict, workdir: Path | None = None) -> str:
     lines += ["", *recipe_report.peer_comparison(results["models"]),
               "What each row's model quantizes (read from the written QDQ files by `bench/peers.py: qdq_summary`; "
               "a Conv/MatMul/Gemm is *left in float* where its input or weight does not come out of a "
-              "DequantizeLinear, through Identity/Reshape/Pad/MaxPool/Concat; *output quantized*: the model's output "
-              "comes out of a DequantizeLinear, so the logits themselves are 8-bit). CPU s: user + system seconds of "
+              "DequantizeLinear, through Identity/Reshape/Pad/MaxPool/Dropout/Concat; *logits quantized*: the model's "
+              "output, or the input of its final Softmax, comes out of a DequantizeLinear, so the logits are 8-bit). CPU s: user + system seconds of "
               "the quantizing process, less sensitive to the machine's load than its wall time.", "",
               *_detail_rows(results["models"], workdir), ""]
     return "\n".join(lines) + "\n"

@@ -109,7 +109,9 @@ def peer_comparison(models: list[dict]) -> list[str]:
              "agreement, then cosine). Classes: unsigned/asymmetric activations (ORT_INT8, DSP_INT8) against NNCF "
              "MIXED, Quark U8S8 and onnxruntime's per-channel rows; signed symmetric int8 (TRT_INT8, TPU_INT8, "
              "PPL_CUDA_INT8) against ModelOpt, Quark A8W8 and NNCF's default (PERFORMANCE: symmetric, but each "
-             "non-negative tensor unsigned: uint8 with zero point 0). Each cell: ppqlike agreement / cosine vs the "
+             "non-negative tensor unsigned: uint8 with zero point 0). Both NNCF rows also quantize each depthwise "
+             "Conv's input per channel (its CPU hardware config), which neither onnxruntime's QLinearConv nor "
+             "TensorRT runs as an integer kernel. Each cell: ppqlike agreement / cosine vs the "
              "peer's, the peer, and the difference in agreement (negative: ppqlike is behind).", "",
              "| ppqlike row | class | " + " | ".join(m["title"] for m in models) + " |",
              "|---|---|" + "---|" * len(models)]

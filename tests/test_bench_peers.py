@@ -131,3 +131,15 @@ def test_qdq_summary_names_per_channel_activations(tmp_path):
     assert summary["activation_quantizers"] == {"uint8 zero 0 per-channel": 1}
     assert summary["activation"] == "uint8 [0, max] (zero point 0) per-channel"
     assert summary["compute_ops"] == 0 and summary["output_quantized"] is True
+
+
+def test_logits_before_a_final_softmax_count_as_the_output(tmp_path):
+    nodes = [helper.make_node("QuantizeLinear", ["input", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["output"], axis=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4])],
+                              [_constant("s", np.float32(0.1)), _constant("z", np.int8(0))])
+    path = tmp_path / "softmax.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    assert peers.qdq_summary(path)["output_quantized"] is True
