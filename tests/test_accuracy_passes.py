@@ -401,6 +401,7 @@ def test_adaround_in_the_pipeline_is_opt_in():
     batches = data(3)
     setting = QuantizationSettingFactory.for_platform("ACADEMIC_W4A8")
     setting.adaround, setting.adaround_steps, setting.adaround_samples = True, 100, 256
+    setting.protection = False   # every layer's weights rounded by AdaRound (none kept float)
     graph = quantize_onnx_model(chain_model(), batches, platform="ACADEMIC_W4A8", setting=setting)
     names = [p["name"] for p in graph.metadata["quantization"]["passes"]]
     assert "adaround" in names
@@ -421,6 +422,7 @@ def test_adaround_stops_at_its_time_budget_with_a_valid_graph():
     for budget in (None, 0.0):
         setting = QuantizationSettingFactory.for_platform("ACADEMIC_W4A8")
         setting.adaround, setting.adaround_steps, setting.adaround_samples = True, 100, 256
+        setting.protection = False   # every layer's weights rounded by AdaRound (none kept float)
         setting.time_budget_s = budget
         graph = quantize_onnx_model(chain_model(), batches, platform="ACADEMIC_W4A8", setting=setting)
         report = next(p["report"] for p in graph.metadata["quantization"]["passes"] if p["name"] == "adaround")
@@ -536,6 +538,7 @@ def test_mixed_precision_leaves_a_good_graph_alone_and_records_in_metadata():
     setting = QuantizationSettingFactory.for_platform("TPU_INT8")
     setting.accuracy_target = 0.9999
     setting.mixed_precision_batches = 1
+    setting.protection = False   # the accuracy target alone moves the sensitive op
     graph = quantize_onnx_model(sensitive_model(), batches, platform="TPU_INT8", setting=setting)
     chosen = graph.metadata["quantization"]["mixed_precision_fp32_ops"]
     assert chosen and all(str(getattr(graph.operations[n].platform, "name", "")) == "FP32" for n in chosen)

@@ -254,7 +254,11 @@ def test_mobilenetv2_analyses(tmp_path):
     kept = {}
     graphwise = graphwise_error_analyse(graph, [images[:4]], executor=executor, verbose=False, keep_outputs=kept)
     ops = quantizing_operations(graph)
-    assert len(graphwise) == len(ops) > 100
+    assert len(graphwise) == len(ops)
+    # TensorRT's placement quantizes what each Conv and Add reads: every Conv the protection left on int8
+    protected = set(graph.metadata["quantization"]["protected_ops"])
+    assert {op.name for op in graph.operations.values() if op.type == "Conv"} - protected < set(graphwise)
+    assert len(protected) < 10
     assert all(math.isfinite(v) or v == math.inf for v in graphwise.values())
     layerwise = layerwise_error_analyse(graph, [images[:2]], executor=executor, verbose=False,
                                         operations=[ops[0].name, ops[len(ops) // 2].name, ops[-1].name])

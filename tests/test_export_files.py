@@ -120,7 +120,11 @@ def test_config_json_refuses_another_graph(source, tmp_path):
 
 
 def test_tensorrt_dynamic_ranges(source):
-    graph = quantize(source, "TRT_INT8")
+    # every output quantized, so that the file holds every kind of tensor (TensorRT's own placement,
+    # the default, quantizes only what Conv/Gemm/MatMul/Add read: x, r1, a, s, f)
+    default = tensor_configs(quantize(source, "TRT_INT8"))
+    assert set(default) == set(tensorrt_dynamic_ranges(quantize(source, "TRT_INT8"))["act_quant_info"])
+    graph = quantize(source, "TRT_INT8", placement="every_output")
     ranges = tensorrt_dynamic_ranges(graph)
     activations = ranges["act_quant_info"]
     assert set(activations) == set(tensor_configs(graph))
@@ -140,9 +144,14 @@ def test_tpu_mlir_tables(source):
     assert all(len(row) == 4 for row in rows)
     configs = tensor_configs(graph)
     assert [row[0] for row in rows] == list(configs)
+    unsigned = 0
     for name, threshold, low, high in rows:
-        assert np.float32(float(threshold) / 127) == np.float32(configs[name].scale)
-        assert float(low) == -float(threshold) and float(high) == float(threshold)
+        # TPU-MLIR: a tensor whose min is 0 is unsigned, scale = threshold / 255; signed: threshold / 127
+        levels = 255 if configs[name].quant_min == 0 else 127
+        unsigned += levels == 255
+        assert np.float32(float(threshold) / levels) == np.float32(configs[name].scale)
+        assert float(low) == (0.0 if levels == 255 else -float(threshold)) and float(high) == float(threshold)
+    assert 0 < unsigned < len(rows)
     qtable = tpu_quantize_table(graph)
     assert [line for line in qtable.splitlines() if not line.startswith("#")] == ["s F32"]
 

@@ -79,7 +79,12 @@ _CACHE: dict = {}
 
 
 def quantized(model_dir, platform: str, setting: QuantizationSetting | None = None, name: str = "small.onnx"):
-    key = (platform, None if setting is None else str(setting.to_dict()), name)
+    """The small model quantized for ``platform``; by default with the protection off, so that every op
+    stays quantized (tests/test_protection.py exports protected models)."""
+    if setting is None:
+        setting = QuantizationSettingFactory.for_platform(platform)
+        setting.protection = False
+    key = (platform, str(setting.to_dict()), name)
     if key not in _CACHE:
         _CACHE[key] = api.quantize_onnx_model(str(model_dir / name), CALIB, platform=platform, setting=setting)
     return _CACHE[key]

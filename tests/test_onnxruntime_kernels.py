@@ -15,6 +15,7 @@ from ppqlike import api
 from ppqlike.executor import NumpyExecutor
 from ppqlike.executor.onnxruntime_kernels import wants_runtime_kernel
 from ppqlike.export.verify import run_qdq_model
+from ppqlike.optim.setting import QuantizationSettingFactory
 
 
 def _weight_maker(rng):
@@ -51,12 +52,22 @@ def _model(seed: int, size: int = 12) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
+def _quantize(path, calibration, platform: str):
+    """``path`` quantized for ``platform`` with every op on 8 bits: the protection off (it could move the
+    one layer these small models have to int16 or float, and the kernels under test would not run), every
+    op's output quantized (TensorRT's own placement leaves the outputs of pools and Concats float)."""
+    setting = QuantizationSettingFactory.for_platform(platform)
+    setting.protection = False
+    setting.placement = "every_output"
+    return api.quantize_onnx_model(path, calibration, platform=platform, setting=setting)
+
+
 def _quantized(seed: int, tmp_path, size: int = 12):
     rng = np.random.default_rng(seed + 100)
     path = tmp_path / f"m{seed}.onnx"
     onnx.save(_model(seed, size), path)
     calibration = [rng.standard_normal((8, 3, size, size)).astype(np.float32) for _ in range(2)]
-    graph = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
+    graph = _quantize(str(path), calibration, platform="ORT_INT8")
     exported = api.export_ppq_graph(graph, "ORT_INT8", tmp_path / f"q{seed}.onnx")[0]
     return graph, onnx.load(exported)
 
@@ -110,7 +121,7 @@ def _single_conv(tmp_path, weight, bias, size, calibration, **attributes):
                               initializers)
     path = tmp_path / "one.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
-    quantized = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
+    quantized = _quantize(str(path), calibration, platform="ORT_INT8")
     return quantized, onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
 
 
@@ -219,7 +230,7 @@ def test_mul_of_a_layer_scale_runs_bit_for_bit(batch, tmp_path, monkeypatch):
     path = tmp_path / "scale.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
     calibration = [rng.standard_normal((8, 6, 16)).astype(np.float32) for _ in range(2)]
-    quantized = api.quantize_onnx_model(str(path), calibration, platform="ORT_INT8")
+    quantized = _quantize(str(path), calibration, platform="ORT_INT8")
     assert {"layer_scale", "half_scale"} <= {op.name for op in quantized.operations.values()
                                              if wants_runtime_kernel(op)}
     model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
@@ -384,7 +395,7 @@ def test_integer_expansion_chain_runs_bit_for_bit(seed, saturated, tmp_path_fact
         if saturated:   # biases left saturated, as a model quantized elsewhere and imported can have them
             from ppqlike.optim.passes.bias_range import Int32BiasRangePass
             patch.setattr(Int32BiasRangePass, "optimize", lambda self, graph, **kwargs: {})
-        graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
+        graph = _quantize(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
     model = onnx.load(api.export_ppq_graph(graph, "ORT_INT8", tmp_path / "q.onnx")[0])
     if saturated:   # the chain's convs have "bias apart" accumulators, with channels that may wrap
         step = graph.operations["expand"]
@@ -420,7 +431,7 @@ def test_fake_quantized_expansion_chain_runs_as_one_kernel(platform, runtime_ker
     rng = np.random.default_rng(3)
     onnx.save(_expansion_model(3), tmp_path / "m.onnx")
     calibration = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) * 2 for _ in range(2)]
-    graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform=platform)
+    graph = _quantize(str(tmp_path / "m.onnx"), calibration, platform=platform)
     model = onnx.load(api.export_ppq_graph(graph, platform, tmp_path / "q.onnx")[0])
     ran = _recorded(monkeypatch, "expand_then_depthwise", chains_module,
                     lambda arguments, result: (len(arguments) == 7 and arguments[6] is not None, result is not None))
@@ -492,7 +503,7 @@ def test_ops_that_move_values_move_codes(tmp_path, monkeypatch):
     rng = np.random.default_rng(4)
     onnx.save(_fire_model(4), tmp_path / "m.onnx")
     calibration = [rng.standard_normal((8, 3, 17, 17)).astype(np.float32) * 2 for _ in range(2)]
-    graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
+    graph = _quantize(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
     model = onnx.load(api.export_ppq_graph(graph, "ORT_INT8", tmp_path / "q.onnx")[0])
     moved = _moved_codes(monkeypatch)
     x = rng.standard_normal((4, 3, 17, 17)).astype(np.float32) * 2
@@ -516,7 +527,7 @@ def test_values_moved_onto_their_grid_are_not_quantized_again(tmp_path, monkeypa
     rng = np.random.default_rng(5)
     onnx.save(_fire_model(5), tmp_path / "m.onnx")
     calibration = [rng.standard_normal((8, 3, 17, 17)).astype(np.float32) * 2 for _ in range(2)]
-    graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform=platform)
+    graph = _quantize(str(tmp_path / "m.onnx"), calibration, platform=platform)
     on_grid = _recorded(monkeypatch, "moves_grid", executor_module,
                         record=lambda arguments, result: (arguments[0].type, result))
     x = rng.standard_normal((4, 3, 17, 17)).astype(np.float32) * 2
@@ -580,7 +591,7 @@ def test_codes_move_through_reshape_read_by_shape(tmp_path, monkeypatch):
                               [weight("w1", 16, 16), weight("b1", 16, scale=0.1), weight("w2", 6, 8)])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), tmp_path / "m.onnx")
     calibration = [rng.standard_normal((64, 6, 16)).astype(np.float32) for _ in range(2)]
-    quantized = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
+    quantized = _quantize(str(tmp_path / "m.onnx"), calibration, platform="ORT_INT8")
     model = onnx.load(api.export_ppq_graph(quantized, "ORT_INT8", tmp_path / "q.onnx")[0])
     moved = _moved_codes(monkeypatch)
     x = rng.standard_normal((1024, 6, 16)).astype(np.float32)
@@ -601,7 +612,7 @@ def test_fused_run_equals_the_op_by_op_run(platform, tmp_path):
     rng = np.random.default_rng(12)
     onnx.save(_expansion_model(12), tmp_path / "m.onnx")
     calibration = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) * 2 for _ in range(2)]
-    graph = api.quantize_onnx_model(str(tmp_path / "m.onnx"), calibration, platform=platform)
+    graph = _quantize(str(tmp_path / "m.onnx"), calibration, platform=platform)
     x = rng.standard_normal((64, 3, 16, 16)).astype(np.float32) * 2
     executor = NumpyExecutor(graph)
     np.testing.assert_array_equal(executor.forward(x)[0], executor.forward(x, hooks=[OperationHook()])[0])

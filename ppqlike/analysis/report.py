@@ -50,7 +50,8 @@ from ..io.files import atomic_write_bytes
 from .svg import bar_chart, legend
 
 #: The passes of the core pipeline (DESIGN.md §5); any other pass is an accuracy or user pass.
-CORE_PASSES = ("refine", "fusion", "simplify", "parameter", "calibration", "alignment", "passive", "baking")
+CORE_PASSES = ("refine", "fusion", "simplify", "placement", "parameter", "calibration", "alignment", "passive",
+               "baking")
 
 _STYLE = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px auto; max-width: 1060px;

@@ -98,7 +98,7 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
     A recipe fills only what the setting leaves to it: the activation observer when it is None (the
     platform's default), equalization, bias correction and SmoothQuant when they are off (turn them on in the
     setting to have them with any recipe; use the 'plain' recipe to have none of them), learned rounding when
-    off, and the time budget when it is None."""
+    off, the protection when None (False keeps it off), and the time budget when it is None."""
     recipe = RECIPES.get(setting.recipe)
     if recipe is None:
         raise PlatformError(f"setting.recipe {setting.recipe!r} is unknown; choose one of {sorted(RECIPES)}")
@@ -110,9 +110,11 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
             changes["terminal_observer"] = recipe.terminal_observer
     if recipe.equalization and not setting.equalization and not policy.weight.per_channel:
         changes["equalization"] = True
-    for name in ("bias_correction", "adaround", "smooth_quant", "range_search", "protection"):  # passes a recipe turns on where they are off
+    for name in ("bias_correction", "adaround", "smooth_quant", "range_search"):  # a recipe turns on where off
         if getattr(recipe, name) and not getattr(setting, name):
             changes[name] = True
+    if recipe.protection and setting.protection is None:   # an explicit False keeps it off with any recipe
+        changes["protection"] = True
     if recipe.time_budget_s is not None and setting.time_budget_s is None:
         changes["time_budget_s"] = recipe.time_budget_s
     if not changes:

@@ -90,7 +90,8 @@ class QuantizationSetting(PPQSettingViews):
     ``range_search`` (each per-tensor activation range chosen again by the error it causes at its
     readers, with the quantized inputs they will see, on ``range_search_samples`` calibration samples),
     ``protection`` (the few layers whose 8-bit quantization alone wrecks the output, found on calibration
-    data, move to the platform's higher precision: ppqlike.optim.passes.protection),
+    data, move to the platform's higher precision: ppqlike.optim.passes.protection; None: as the recipe
+    says, on in balanced and best; False: off with any recipe),
     ``accuracy_target`` (None: off; else the output cosine against FP32 to
     reach by moving the fewest ops to the platform's 16-bit grid, else FP32, measured on the last
     ``mixed_precision_batches`` calibration batches, held aside from calibration, at most
@@ -137,7 +138,7 @@ class QuantizationSetting(PPQSettingViews):
     smooth_quant_alpha: float | None = None
     range_search: bool = False
     range_search_samples: int = 32
-    protection: bool = False
+    protection: bool | None = None
     accuracy_target: float | None = None
     mixed_precision_batches: int = 2
     mixed_precision_max_ops: int | None = None
