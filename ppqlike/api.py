@@ -189,7 +189,8 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
             operation.config, operation.platform = None, None
     formatting = format_for_quantization(graph, setting)
     summary = dispatch_graph(graph, platform, policy.quantizable_types, dispatcher=setting.dispatcher,
-                             dispatching_table=setting.dispatching_table or None, transformer=policy.transformer)
+                             dispatching_table=setting.dispatching_table or None, transformer=policy.transformer,
+                             recurrent=policy.recurrent)
     PlatformQuantizer(policy).quantize(graph)
     executor = NumpyExecutor(graph)
     batches = checked = _CheckedBatches(graph, calib_dataloader, collate_fn, input_shape, inputs)

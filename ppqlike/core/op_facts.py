@@ -20,6 +20,10 @@ VALUE_PRESERVING_TYPES = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze"
                                     "Identity", "Dropout", "Pad", "SpaceToDepth", "DepthToSpace",
                                     "ReduceMax", "ReduceMin"})
 
+#: Recurrent ops: a float recurrence inside one node (inputs X, W, R, B, sequence_lens, initial_h[, initial_c, P]).
+#: Their MatMuls are not computing ops here: no platform policy quantizes W and R (see PlatformPolicy.recurrent).
+RECURRENT_TYPES = frozenset({"LSTM", "GRU", "RNN"})
+
 #: Activations that fuse into the computing op before them (one quantization after both).
 FUSABLE_ACTIVATIONS = frozenset({"Relu", "Clip"})
 

@@ -109,7 +109,8 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
 
 
 def resolve_policy(platform, setting: QuantizationSetting) -> PlatformPolicy:
-    """The platform's policy with the setting's overrides (observer, per-channel weights, Add alignment)."""
+    """The platform's policy with the setting's overrides (observer, per-channel weights, Add alignment, the
+    recurrent ops' treatment)."""
     policy = get_platform_policy(platform)
     changes: dict[str, Any] = {}
     if setting.activation_observer is not None:
@@ -118,6 +119,8 @@ def resolve_policy(platform, setting: QuantizationSetting) -> PlatformPolicy:
         changes["weight"] = replace(policy.weight, per_channel=setting.weight_per_channel)
     if setting.add_alignment is not None:
         changes["add_alignment"] = setting.add_alignment
+    if setting.recurrent is not None:
+        changes["recurrent"] = setting.recurrent
     return policy.with_changes(**changes) if changes else policy
 
 
@@ -126,7 +129,7 @@ def effective_setting(setting: QuantizationSetting, policy: PlatformPolicy) -> d
     ``{key: value}`` plus ``'platform_defaults'``, the keys whose value came from the platform."""
     values = setting.to_dict()
     used = {"activation_observer": policy.activation.observer, "weight_per_channel": policy.weight.per_channel,
-            "add_alignment": policy.add_alignment, "export_uint8_activations": False,
+            "add_alignment": policy.add_alignment, "recurrent": policy.recurrent, "export_uint8_activations": False,
             "export_qdq_per_consumer": False, "export_uint8_weights": policy.runtime_kernels == "onnxruntime"}
     defaults = sorted(key for key, value in used.items() if values.get(key) is None)
     for key in defaults:

@@ -67,7 +67,9 @@ class QuantizationSetting(PPQSettingViews):
     tensors no quantized op reads: graph outputs and what only float ops read; None: the activation
     observer),
     ``weight_per_channel`` (None: the platform's), ``add_alignment`` (None:
-    the platform's; 'none' | 'larger' | 'output'), ``concat_alignment``,
+    the platform's; 'none' | 'larger' | 'output'), ``concat_alignment``, ``recurrent`` (None: the
+    platform's; 'float': LSTM/GRU/RNN run in float, 'quantize': their input and outputs quantized, float
+    inside; see PlatformPolicy),
     ``search_batches`` (batches the TPU-style search evaluates on);
     ``calibration_backend`` 'local' or 'ray' with ``calibration_workers`` Ray workers (the
     batches sharded, the observers merged exactly: the same scales as 'local').
@@ -115,6 +117,7 @@ class QuantizationSetting(PPQSettingViews):
     weight_per_channel: bool | None = None
     add_alignment: str | None = None
     concat_alignment: bool = True
+    recurrent: str | None = None
     search_batches: int = 1
     calibration_backend: str = "local"
     calibration_workers: int = 2
@@ -158,6 +161,8 @@ class QuantizationSetting(PPQSettingViews):
         if self.add_alignment not in (None, "none", "larger", "output"):
             raise PlatformError(f"setting.add_alignment {self.add_alignment!r} is unknown; "
                                 "choose 'none', 'larger' or 'output'")
+        if self.recurrent not in (None, "float", "quantize"):
+            raise PlatformError(f"setting.recurrent {self.recurrent!r} is unknown; choose 'float' or 'quantize'")
         if self.equalization_clip not in _EQUALIZATION_CLIP:
             raise PlatformError(f"setting.equalization_clip {self.equalization_clip!r} is unknown; "
                                 f"choose one of {_EQUALIZATION_CLIP}")

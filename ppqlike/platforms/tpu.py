@@ -6,7 +6,9 @@ right shift, KL calibration.  Transformers as TPU-MLIR lowers them for BM1684X i
 int8 mode: LayerNorm in F16 and Softmax in F32 (float here), GELU as a 256-entry
 lookup table from the int8 input to the int8 output (quantized in and out,
 float inside: exactly the table's values), attention MatMuls and residual Adds
-in int8.
+in int8.  Recurrent ops (LSTM, GRU) stay float: TPU-MLIR's int8 lowering of
+LSTM and GRU for BM1684X emits the F32 op (the quantize table lists their
+outputs F32).
 """
 
 from ..core.quant import RoundingPolicy

@@ -11,11 +11,11 @@ from types import MappingProxyType
 from ...core.errors import UnsupportedOperationError
 from ...core.ir import Operation
 from . import (activation, arithmetic, conv, generator, indexing, linear, logic,
-               normalization, pooling, reduction, resize, tensor)
+               normalization, pooling, recurrent, reduction, resize, tensor)
 from .base import Kernel, KernelBuilder
 
 _FAMILIES = (activation, arithmetic, conv, generator, indexing, linear, logic,
-             normalization, pooling, reduction, resize, tensor)
+             normalization, pooling, recurrent, reduction, resize, tensor)
 
 
 def _merge() -> MappingProxyType:
