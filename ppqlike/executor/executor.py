@@ -23,12 +23,15 @@ kernel clips and fake-quantizes its result block by block
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
+from ..core.subgraphs import captures
 from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activate_on_grid, activation_bounds,
                      clip_epilogue, configs_let_fuse, fusable, grid_edges, moves_grid, quantizing_epilogue,
                      requantizes_onto, run_on_codes)
@@ -61,6 +64,27 @@ class OperationHook:
     def after_operation(self, operation: Operation, inputs: list, outputs: list) -> list | None:
         return None
 
+    #: True: the hook also sees the ops of the bodies of If/Loop/Scan (each time a body runs).
+    reaches_bodies = False
+
+
+#: (the hooks that reach bodies, runtime_kernels) of the forward running now: the bodies it runs take them up.
+_RUNNING: ContextVar[tuple] = ContextVar("ppqlike_running_forward", default=((), True))
+
+
+def running_forward() -> tuple:
+    """``(hooks that reach bodies, runtime_kernels)`` of the forward running now (for the bodies it runs)."""
+    return _RUNNING.get()
+
+
+@contextmanager
+def _running(hooks: Sequence[OperationHook], runtime_kernels: bool):
+    token = _RUNNING.set((tuple(hook for hook in hooks if getattr(hook, "reaches_bodies", False)), runtime_kernels))
+    try:
+        yield
+    finally:
+        _RUNNING.reset(token)
+
 
 class NumpyExecutor:
     """Runs ``graph`` with numpy.
@@ -69,11 +93,14 @@ class NumpyExecutor:
     >>> logits, = executor.forward({"input": images})
     """
 
-    def __init__(self, graph: Graph, runtime_kernels: bool = True):
+    def __init__(self, graph: Graph, runtime_kernels: bool = True, body: bool = False):
         self.graph = graph
         #: False: ops marked for the deployment runtime's integer kernels run their float kernel
         #: instead (the QDQ semantics of the ONNX spec, as onnxruntime runs it unoptimized).
         self.runtime_kernels = runtime_kernels
+        #: True: ``graph`` is the body of an If/Loop/Scan, run by :meth:`run_body` with the values it reads
+        #: from the enclosing scope.
+        self.body = body
         self._kernels: dict[str, tuple[int, Kernel]] = {}
         self._plans: dict[tuple, Plan] = {}
         self._plan_revision = -1
@@ -112,7 +139,8 @@ class NumpyExecutor:
         key = (names, tuple(v.name for v in graph.inputs))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = build_plan(graph, names, self._kernel)
+            outer = frozenset(v.name for v in captures(graph)) if self.body else frozenset()
+            plan = self._plans[key] = build_plan(graph, names, self._kernel, outer)
         return plan
 
     def _kernel(self, operation: Operation) -> Kernel:
@@ -133,14 +161,20 @@ class NumpyExecutor:
                 hooks: Sequence[OperationHook] = ()) -> list[np.ndarray]:
         """Run the graph and return the requested outputs (graph outputs by default), in order (BLAS
         single-threaded meanwhile, the parallel work on the kernel threads: ``ops._threads``)."""
-        with computing_threads():
+        with computing_threads(), _running(hooks, self.runtime_kernels):
             return self._forward(inputs, output_names, hooks)
 
+    def run_body(self, values: dict) -> list:
+        """Run the graph as a body (``body=True``): ``values`` holds its inputs and the values it reads from
+        the enclosing scope, by name, as they are; the hooks of the forward running it that reach bodies
+        see its ops.  Returns its outputs in order."""
+        return self._forward(values, None, _RUNNING.get()[0], given=True)
+
     def _forward(self, inputs: Any, output_names: Sequence[str] | None,
-                 hooks: Sequence[OperationHook]) -> list[np.ndarray]:
+                 hooks: Sequence[OperationHook], given: bool = False) -> list[np.ndarray]:
         plan = self.compile(output_names)
         names = tuple(v.name for v in self.graph.outputs) if output_names is None else tuple(output_names)
-        values: dict[str, Any] = self.prepare_inputs(inputs)
+        values: dict[str, Any] = dict(inputs) if given else self.prepare_inputs(inputs)
         for name in plan.needed_inputs:
             if name not in values:
                 raise ExecutionError(f"graph {self.graph.name!r}: input {name!r} was not given")
@@ -240,7 +274,11 @@ class NumpyExecutor:
             release_values(step, values)
         outputs = []
         for name in names:
-            value = np.asarray(self._argument(name, values))
+            value = self._argument(name, values)
+            if isinstance(value, list):   # a sequence (``ops.sequence``)
+                outputs.append([np.array(item) for item in value])
+                continue
+            value = np.asarray(value)
             if not value.flags.writeable or value.base is not None:
                 value = value.copy()  # never hand out a view of a parameter or a read-only broadcast
             outputs.append(value)

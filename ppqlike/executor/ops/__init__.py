@@ -10,12 +10,12 @@ from types import MappingProxyType
 
 from ...core.errors import UnsupportedOperationError
 from ...core.ir import Operation
-from . import (activation, arithmetic, conv, generator, indexing, linear, logic,
-               normalization, pooling, recurrent, reduction, resize, tensor)
+from . import (activation, arithmetic, control_flow, conv, generator, indexing, linear, logic,
+               normalization, pooling, recurrent, reduction, resize, sequence, tensor)
 from .base import Kernel, KernelBuilder
 
-_FAMILIES = (activation, arithmetic, conv, generator, indexing, linear, logic,
-             normalization, pooling, recurrent, reduction, resize, tensor)
+_FAMILIES = (activation, arithmetic, control_flow, conv, generator, indexing, linear, logic,
+             normalization, pooling, recurrent, reduction, resize, sequence, tensor)
 
 
 def _merge() -> MappingProxyType:
