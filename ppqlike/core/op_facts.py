@@ -24,6 +24,10 @@ VALUE_PRESERVING_TYPES = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze"
 #: Their MatMuls are not computing ops here: no platform policy quantizes W and R (see PlatformPolicy.recurrent).
 RECURRENT_TYPES = frozenset({"LSTM", "GRU", "RNN"})
 
+#: Ops whose values are sequences (lists of tensors): never quantized, always run in float.
+SEQUENCE_TYPES = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceAt", "SequenceErase",
+                            "SequenceLength", "SplitToSequence", "ConcatFromSequence"})
+
 #: Activations that fuse into the computing op before them (one quantization after both).
 FUSABLE_ACTIVATIONS = frozenset({"Relu", "Clip"})
 

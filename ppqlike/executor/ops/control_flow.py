@@ -10,11 +10,30 @@ sequences); the nested executor hands back copies.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable
+
 import numpy as np
 
 from ...core.errors import ExecutionError
 from ...core.subgraphs import captures, explicit_input_count
 from .base import attribute, normalize_axis, unsupported
+
+
+#: Callbacks ``(body, values)`` told of every body run (what it reads: its inputs and captured values).
+_OBSERVERS: ContextVar[tuple] = ContextVar("ppqlike_body_observers", default=())
+
+
+@contextmanager
+def observing_bodies(callback: Callable[[object, dict], None]):
+    """While in the block, ``callback(body, values)`` is called before each body runs (calibration of the
+    ops inside bodies collects the values each body sees this way)."""
+    token = _OBSERVERS.set(_OBSERVERS.get() + (callback,))
+    try:
+        yield
+    finally:
+        _OBSERVERS.reset(token)
 
 
 class _Bodies:
@@ -30,6 +49,8 @@ class _Bodies:
         if executor is None or executor.graph is not body:
             executor = NumpyExecutor(body, runtime_kernels=runtime_kernels, body=True)
             self.executors[(id(body), runtime_kernels)] = executor
+        for observer in _OBSERVERS.get():
+            observer(body, values)
         return executor.run_body(values)
 
 
