@@ -32,8 +32,13 @@ class QuantizationQualityWarning(UserWarning):
 
 
 def _limited(batch, samples: int):
+    """The first ``samples`` samples of ``batch``; the batch as it is when its inputs do not share a leading
+    batch axis (a scalar input, a state whose batch axis is not the first)."""
     if isinstance(batch, dict):
-        return {name: np.asarray(value)[:samples] for name, value in batch.items()}
+        arrays = {name: np.asarray(value) for name, value in batch.items()}
+        if len({a.shape[0] if a.ndim else None for a in arrays.values()}) != 1 or not all(a.ndim for a in arrays.values()):
+            return arrays
+        return {name: value[:samples] for name, value in arrays.items()}
     return np.asarray(batch)[:samples]
 
 

@@ -22,7 +22,9 @@ from .onnx_files import write_onnx_model
 
 
 def _value_info(variable: Variable) -> onnx.ValueInfoProto:
-    elem = 0 if variable.dtype is None else helper.np_dtype_to_tensor_dtype(variable.dtype)
+    if variable.dtype is None:   # an untyped value (a body output the model leaves to inference)
+        return onnx.ValueInfoProto(name=variable.name)
+    elem = helper.np_dtype_to_tensor_dtype(variable.dtype)
     shape = None if variable.shape is None else [d if d is None or isinstance(d, (int, str)) else int(d)
                                                   for d in variable.shape]
     return helper.make_tensor_value_info(variable.name, elem, shape)
