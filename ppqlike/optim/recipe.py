@@ -205,6 +205,8 @@ def format_for_quantization(graph: Graph, setting: QuantizationSetting) -> dict:
         reports["remove_identity"] = graph_format.remove_identity(graph)
     if setting.fold_constants:
         reports["fold_constants"] = graph_format.fold_constants(graph)
+        if any(op.type == "Loop" for op in graph.operations.values()):
+            reports["fold_loop_invariants"] = graph_format.fold_loop_invariants(graph)
     if setting.fold_batchnorm:
         reports["fold_batchnorm"] = graph_format.fold_batchnorm(graph)
     if setting.fold_bias_add:

@@ -27,13 +27,20 @@ from ..base import QuantizationOptimizationPass, iterate_calibration
 
 @contextmanager
 def body_as_model(body: Graph):
-    """While in the block, ``body`` lists the values it captures after its inputs, as a model would."""
+    """While in the block, ``body`` lists the values it captures after its inputs, as a model would, all of
+    them of unstated shape (a body's declared input shapes are often not what runs: a Loop's iteration number
+    declared [1] and given as a scalar, carried values that grow)."""
     original = list(body.inputs)
+    shapes = [variable.shape for variable in original]
     body.inputs = original + captures(body)
+    for variable in original:
+        variable.shape = None
     try:
         yield body
     finally:
         body.inputs = original
+        for variable, shape in zip(original, shapes):
+            variable.shape = shape
 
 
 def _copy(value):
