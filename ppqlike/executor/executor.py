@@ -229,7 +229,8 @@ class NumpyExecutor:
             except PPQLikeError:
                 raise
             except Exception as error:  # a numpy error inside a kernel: name the node
-                shapes = [None if a is None else list(np.shape(a)) for a in arguments]
+                shapes = [None if a is None else [list(np.shape(x)) for x in a] if isinstance(a, list)
+                          else list(np.shape(a)) for a in arguments]   # (a sequence: its tensors' shapes)
                 raise ExecutionError(f"{operation.type} node {operation.name!r} failed on input shapes "
                                      f"{shapes}: {type(error).__name__}: {error}") from error
             if inside is not None:   # clipped and quantized block by block in the kernel
