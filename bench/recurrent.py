@@ -44,18 +44,19 @@ SAMPLE_RATE = 16000
 
 @dataclass(frozen=True)
 class RecurrentModel:
-    """One pretrained recurrent model inside a public wheel."""
+    """One pretrained model inside a public wheel (recurrent here; bench/control_flow.py's have control flow)."""
 
     name: str
     package: str          # pip requirement, pinned
     member: str           # the file inside the wheel
     sha256: str
-    file: str             # its name in DEVMODELS_DIR
-    recurrent: str        # what it has, for tables
+    file: str             # its name in ``folder``
+    recurrent: str        # what it has (recurrent cells, control flow), for tables
+    folder: Path = DEVMODELS_DIR
 
     @property
     def path(self) -> Path:
-        return DEVMODELS_DIR / self.file
+        return self.folder / self.file
 
     @property
     def present(self) -> bool:

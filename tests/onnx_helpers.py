@@ -72,6 +72,16 @@ def run_onnxruntime(model, feeds):
     return session.run(None, feeds)
 
 
+def assert_executor_matches_file(model, feed, rtol=1e-4, atol_fraction=1e-5):
+    """The executor runs ``model`` (a loaded real model) on ``feed`` as onnxruntime does: relative ``rtol``,
+    absolute ``atol_fraction`` of each output's largest magnitude."""
+    expected = run_onnxruntime(model, feed)
+    got = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(model)).forward(feed)
+    for value, want in zip(got, expected):
+        assert value.shape == want.shape
+        np.testing.assert_allclose(value, want, rtol=rtol, atol=atol_fraction * float(np.max(np.abs(want))))
+
+
 def run_executor(model, feeds, output_names=None):
     graph = ppqlike.load_onnx_graph(model)
     return ppqlike.NumpyExecutor(graph).forward(feeds, output_names=output_names)
