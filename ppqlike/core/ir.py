@@ -130,6 +130,8 @@ class Graph(GraphAlgorithms):
     ``opset`` is the default-domain opset the graph was written for.
     """
 
+    is_ir_graph = True   # how an op's attributes tell a body (``core.subgraphs``) from other values
+
     def __init__(self, name: str = "graph", opset: int = 13):
         self.name = name
         self.opset = opset

@@ -31,9 +31,8 @@ CONTROL_FLOW_TYPES = frozenset(BODY_ATTRIBUTES)
 
 
 def is_graph(value) -> bool:
-    """True for a body (a Graph of the IR) held in an attribute."""
-    from .ir import Graph
-    return isinstance(value, Graph)
+    """True for a body (a Graph of the IR, which says so: ``Graph.is_ir_graph``) held in an attribute."""
+    return getattr(value, "is_ir_graph", False) is True
 
 
 def bodies(operation: "Operation") -> list["Graph"]:

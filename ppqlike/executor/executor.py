@@ -24,7 +24,6 @@ kernel clips and fake-quantizes its result block by block
 from __future__ import annotations
 
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any, Sequence
 
 import numpy as np
@@ -44,6 +43,7 @@ from .quantized_sum import quantized_sum
 from .requantizing_kernels import run_requantizing_kernel, wants_integer_kernel
 from .ops import Kernel, build_kernel
 from .ops._threads import computing_threads
+from .ops.control_flow import RUNNING
 from .ops.tensor import zero_spatial_pads
 from .plan import Plan, Step, build_plan, release_values
 from .simulation import (argument_grids, fresh_results, keeps_grid, passes_through, quantize_inputs,
@@ -68,22 +68,16 @@ class OperationHook:
     reaches_bodies = False
 
 
-#: (the hooks that reach bodies, runtime_kernels) of the forward running now: the bodies it runs take them up.
-_RUNNING: ContextVar[tuple] = ContextVar("ppqlike_running_forward", default=((), True))
-
-
-def running_forward() -> tuple:
-    """``(hooks that reach bodies, runtime_kernels)`` of the forward running now (for the bodies it runs)."""
-    return _RUNNING.get()
-
-
 @contextmanager
-def _running(hooks: Sequence[OperationHook], runtime_kernels: bool):
-    token = _RUNNING.set((tuple(hook for hook in hooks if getattr(hook, "reaches_bodies", False)), runtime_kernels))
+def _running(executor: "NumpyExecutor", hooks: Sequence[OperationHook]):
+    """While in the block, the bodies of If/Loop/Scan run as ``executor`` runs, seen by its hooks that reach
+    bodies (``ops.control_flow.RUNNING``)."""
+    reaching = tuple(hook for hook in hooks if getattr(hook, "reaches_bodies", False))
+    token = RUNNING.set((reaching, executor.runtime_kernels, type(executor)))
     try:
         yield
     finally:
-        _RUNNING.reset(token)
+        RUNNING.reset(token)
 
 
 class NumpyExecutor:
@@ -161,14 +155,15 @@ class NumpyExecutor:
                 hooks: Sequence[OperationHook] = ()) -> list[np.ndarray]:
         """Run the graph and return the requested outputs (graph outputs by default), in order (BLAS
         single-threaded meanwhile, the parallel work on the kernel threads: ``ops._threads``)."""
-        with computing_threads(), _running(hooks, self.runtime_kernels):
+        with computing_threads(), _running(self, hooks):
             return self._forward(inputs, output_names, hooks)
 
     def run_body(self, values: dict) -> list:
         """Run the graph as a body (``body=True``): ``values`` holds its inputs and the values it reads from
         the enclosing scope, by name, as they are; the hooks of the forward running it that reach bodies
         see its ops.  Returns its outputs in order."""
-        return self._forward(values, None, _RUNNING.get()[0], given=True)
+        running = RUNNING.get()
+        return self._forward(values, None, running[0] if running else (), given=True)
 
     def _forward(self, inputs: Any, output_names: Sequence[str] | None,
                  hooks: Sequence[OperationHook], given: bool = False) -> list[np.ndarray]:
@@ -420,6 +415,10 @@ class NumpyExecutor:
 
     def run_operation(self, operation: Operation, inputs: list, quantized: bool = True) -> list:
         """Run one op on given input arrays (through its configs when ``quantized``)."""
+        with _running(self, ()):
+            return self._run_operation(operation, inputs, quantized)
+
+    def _run_operation(self, operation: Operation, inputs: list, quantized: bool) -> list:
         kernel = self._kernel(operation)
         if quantized:
             arguments = quantize_inputs(operation, list(inputs))

@@ -163,7 +163,7 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                                    # leave part of the budget to the range search, which gains more on some models
                                    time_budget_s=budget.part(0.6) if setting.range_search else budget))
     if bodies:
-        passes.append(BodyQuantizationPass(policy, setting, verbose=verbose > 0))
+        passes.append(BodyQuantizationPass(policy, setting, build_pipeline, format_for_quantization, verbose=verbose > 0))
     passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0,
                                       backend=setting.calibration_backend, workers=setting.calibration_workers,
                                       terminal_observer=setting.terminal_observer),

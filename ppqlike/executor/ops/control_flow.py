@@ -21,6 +21,10 @@ from ...core.subgraphs import captures, explicit_input_count
 from .base import attribute, normalize_axis, unsupported
 
 
+#: ``(hooks that reach bodies, runtime_kernels, executor class)`` of the forward running now, set by the executor
+#: (``NumpyExecutor``): the bodies it runs take them up.
+RUNNING: ContextVar[tuple | None] = ContextVar("ppqlike_running_forward", default=None)
+
 #: Callbacks ``(body, values)`` told of every body run (what it reads: its inputs and captured values).
 _OBSERVERS: ContextVar[tuple] = ContextVar("ppqlike_body_observers", default=())
 
@@ -43,11 +47,13 @@ class _Bodies:
         self.executors: dict[tuple, object] = {}
 
     def run(self, body, values: dict) -> list:
-        from ..executor import NumpyExecutor, running_forward  # the executor imports this package
-        runtime_kernels = running_forward()[1]
+        running = RUNNING.get()
+        if running is None:
+            raise ExecutionError("a body of If/Loop/Scan runs only inside a NumpyExecutor's forward or run_operation")
+        _, runtime_kernels, executor_class = running
         executor = self.executors.get((id(body), runtime_kernels))
         if executor is None or executor.graph is not body:
-            executor = NumpyExecutor(body, runtime_kernels=runtime_kernels, body=True)
+            executor = executor_class(body, runtime_kernels=runtime_kernels, body=True)
             self.executors[(id(body), runtime_kernels)] = executor
         for observer in _OBSERVERS.get():
             observer(body, values)

@@ -75,8 +75,12 @@ class BodyQuantizationPass(QuantizationOptimizationPass):
 
     name = "body quantization"
 
-    def __init__(self, policy: Any, setting: Any, max_samples: int = 64, verbose: bool = False):
+    def __init__(self, policy: Any, setting: Any, build_pipeline: Callable, format_graph: Callable,
+                 max_samples: int = 64, verbose: bool = False):
+        """``build_pipeline(policy, setting, bodies=...)`` and ``format_graph(graph, setting)``: the recipe's
+        (``optim.recipe``, which builds this pass), applied to each body."""
         self.policy, self.setting = policy, setting
+        self.build_pipeline, self.format_graph = build_pipeline, format_graph
         self.max_samples = int(max_samples)
         self.verbose = verbose
 
@@ -98,34 +102,33 @@ class BodyQuantizationPass(QuantizationOptimizationPass):
                 report[where] = "never ran on the calibration data: left in float"
                 continue
             report[where] = {"runs": recorder.seen[id(body)], "samples": len(samples),
-                             **quantize_body(body, samples, self.policy, self.setting, self.verbose)}
+                             **self.quantize_body(body, samples)}
         return {"bodies": report}
 
 
-def quantize_body(body: Graph, samples: list[dict], policy: Any, setting: Any, verbose: bool = False) -> dict:
-    """Format, dispatch, configure and calibrate ``body`` as a model whose inputs are its own and the
-    values it captures, on ``samples`` (dicts name -> value); returns what was done."""
-    from ...executor import NumpyExecutor
-    from ...platforms.dispatch import dispatch_graph
-    from ...platforms.quantizer import PlatformQuantizer
-    from ..recipe import build_pipeline, format_for_quantization
-    from ..setting import QuantizationSetting
+    def quantize_body(self, body: Graph, samples: list[dict]) -> dict:
+        """Format, dispatch, configure and calibrate ``body`` as a model whose inputs are its own and the
+        values it captures, on ``samples`` (dicts name -> value); returns what was done."""
+        from ...executor import NumpyExecutor
+        from ...platforms.dispatch import dispatch_graph
+        from ...platforms.quantizer import PlatformQuantizer
+        from ..setting import QuantizationSetting
 
-    body_setting = QuantizationSetting.from_dict({**setting.to_dict(), "accuracy_target": None})
-    with body_as_model(body):
-        format_for_quantization(body, body_setting)
-        summary = dispatch_graph(body, policy.platform, policy.quantizable_types, dispatcher=body_setting.dispatcher,
-                                 transformer=policy.transformer, recurrent=policy.recurrent)
-        PlatformQuantizer(policy).quantize(body)
-        executor = NumpyExecutor(body)
-        pipeline = build_pipeline(policy, body_setting, bodies=any(named_bodies(op) for op in body.operations.values()))
-        records = pipeline.optimize(body, executor=executor, dataloader=samples, calib_steps=len(samples),
-                                    collate_fn=None, held_aside=None)
-    result = {"dispatch": summary.get("counts", {}), "passes": [r.name for r in records]}
-    for record in records:
-        if record.name == BodyQuantizationPass.name and record.report.get("bodies"):
-            result["bodies"] = record.report["bodies"]
-    return result
+        policy = self.policy
+        setting = QuantizationSetting.from_dict({**self.setting.to_dict(), "accuracy_target": None})
+        with body_as_model(body):
+            self.format_graph(body, setting)
+            summary = dispatch_graph(body, policy.platform, policy.quantizable_types, dispatcher=setting.dispatcher,
+                                     transformer=policy.transformer, recurrent=policy.recurrent)
+            PlatformQuantizer(policy).quantize(body)
+            pipeline = self.build_pipeline(policy, setting, bodies=any(named_bodies(op) for op in body.operations.values()))
+            records = pipeline.optimize(body, executor=NumpyExecutor(body), dataloader=samples,
+                                        calib_steps=len(samples), collate_fn=None, held_aside=None)
+        result = {"dispatch": summary.get("counts", {}), "passes": [r.name for r in records]}
+        for record in records:
+            if record.name == BodyQuantizationPass.name and record.report.get("bodies"):
+                result["bodies"] = record.report["bodies"]
+        return result
 
 
-__all__ = ["BodyQuantizationPass", "body_as_model", "quantize_body"]
+__all__ = ["BodyQuantizationPass", "body_as_model"]
