@@ -140,6 +140,14 @@ def model_inputs(name: str, seed: int, session=None) -> dict:
     raise KeyError(name)
 
 
+def same_decision(name: str, got: list, want: list) -> float:
+    """Silero: the share of chunks whose speech / no-speech call at 0.5 equals FP32's; SLANet: 1.0 when the
+    structure-token sequence (argmax per step) equals FP32's, else 0.0."""
+    if name == "silero_vad_if":
+        return float(np.mean((got[0] > 0.5) == (want[0] > 0.5)))
+    return float(np.array_equal(got[1].argmax(-1), want[1].argmax(-1)))
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
     norms = np.linalg.norm(a) * np.linalg.norm(b)
@@ -171,7 +179,8 @@ def measure(names, platforms, calib: int, test: int, out=None) -> dict:
                 api.export_ppq_graph(graph, platform, exported)
                 deployed = onnxruntime.InferenceSession(exported, providers=["CPUExecutionProvider"])
             got = [deployed.run(None, feed) for feed in held]
-            row = {"seconds": round(seconds, 1)}
+            row = {"seconds": round(seconds, 1),
+                   "same_decision": round(float(np.mean([same_decision(name, g, e) for g, e in zip(got, expected)])), 3)}
             for index, output in enumerate(names_out):
                 values = [cosine(g[index], e[index]) for g, e in zip(got, expected)]
                 row[output] = {"mean": round(float(np.mean(values)), 5), "worst": round(float(np.min(values)), 5)}
