@@ -154,11 +154,13 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / norms) if norms else float(np.array_equal(a, b))
 
 
-def measure(names, platforms, calib: int, test: int, out=None) -> dict:
-    """Quantize each model for each platform, export, run the export in onnxruntime: per output, the mean and
-    worst cosine against the FP32 model over ``test`` held-out inputs."""
+def measure(names, platforms, calib: int, test: int, out=None, accuracy_target: float | None = None) -> dict:
+    """Quantize each model for each platform (the default recipe; ``accuracy_target``: that setting), export,
+    run the export in onnxruntime: per output, the mean and worst cosine against the FP32 model over ``test``
+    held-out inputs, and the share of same decisions (:func:`same_decision`)."""
     import onnxruntime
     from ppqlike import api
+    from ppqlike.optim.setting import QuantizationSettingFactory
     results: dict = {}
     for name in names:
         model = MODELS[name]
@@ -171,7 +173,9 @@ def measure(names, platforms, calib: int, test: int, out=None) -> dict:
         names_out = [o.name for o in reference.get_outputs()]
         for platform in platforms:
             started = time.perf_counter()
-            graph = api.quantize_onnx_model(str(model.path), calibration, platform=platform)
+            setting = QuantizationSettingFactory.for_platform(platform)
+            setting.accuracy_target = accuracy_target
+            graph = api.quantize_onnx_model(str(model.path), calibration, platform=platform, setting=setting)
             seconds = time.perf_counter() - started
             with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -200,12 +204,13 @@ def main(argv=None) -> int:
     parser.add_argument("--calib", type=int, default=8, help="calibration inputs")
     parser.add_argument("--test", type=int, default=8, help="held-out inputs")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--accuracy-target", type=float, help="setting.accuracy_target (output cosine to keep)")
     args = parser.parse_args(argv)
     if args.command == "fetch":
         for path in fetch(args.models):
             print(path, sha256_of(path))
         return 0
-    measure(args.models, args.platforms, args.calib, args.test, args.out)
+    measure(args.models, args.platforms, args.calib, args.test, args.out, args.accuracy_target)
     return 0
 
 

@@ -23,7 +23,6 @@ kernel clips and fake-quantizes its result block by block
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Any, Sequence
 
 import numpy as np
@@ -44,40 +43,11 @@ from .requantizing_kernels import run_requantizing_kernel, wants_integer_kernel
 from .ops import Kernel, build_kernel
 from .ops._threads import computing_threads
 from .ops.control_flow import RUNNING
+from .hooks import OperationHook, running as _running
 from .ops.tensor import zero_spatial_pads
 from .plan import Plan, Step, build_plan, release_values
 from .simulation import (argument_grids, fresh_results, keeps_grid, passes_through, quantize_inputs,
                          quantize_outputs)
-
-
-class OperationHook:
-    """Called around every op.  Subclass and override what you need.
-
-    ``before_operation`` sees the op's input arrays (after input quantization)
-    and ``after_operation`` its output arrays (after output quantization).
-    Returning a list replaces the values; returning None keeps them.
-    """
-
-    def before_operation(self, operation: Operation, inputs: list) -> list | None:
-        return None
-
-    def after_operation(self, operation: Operation, inputs: list, outputs: list) -> list | None:
-        return None
-
-    #: True: the hook also sees the ops of the bodies of If/Loop/Scan (each time a body runs).
-    reaches_bodies = False
-
-
-@contextmanager
-def _running(executor: "NumpyExecutor", hooks: Sequence[OperationHook]):
-    """While in the block, the bodies of If/Loop/Scan run as ``executor`` runs, seen by its hooks that reach
-    bodies (``ops.control_flow.RUNNING``)."""
-    reaching = tuple(hook for hook in hooks if getattr(hook, "reaches_bodies", False))
-    token = RUNNING.set((reaching, executor.runtime_kernels, type(executor)))
-    try:
-        yield
-    finally:
-        RUNNING.reset(token)
 
 
 class NumpyExecutor:

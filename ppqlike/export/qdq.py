@@ -39,7 +39,7 @@ from onnx import helper, numpy_helper
 
 from ..core.errors import ExportError
 from ..core.ir import Graph, Operation, Variable
-from ..core.subgraphs import walk
+from ..core.subgraphs import has_bodies, walk
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..executor.simulation import apply_config
 from ..io.files import MAX_IR_VERSION, StagedFiles
@@ -299,14 +299,9 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
         node = _copy_node(node)
         config = operation.config
         in_configs = config.input_quantization_config if config is not None else []
-        if len(operation.inputs) > len(node.input) or any(isinstance(v, Graph) for v in operation.attributes.values()):
-            body_counts = write_bodies(node, operation, {v.name: read(v.name) for v in
-                                                         operation.inputs[len(node.input):] if v is not None},
-                                       lambda body, names: build_qdq_model(
-                                           body, qdq_per_consumer, uint8_activations, target, False, uint8_weights,
-                                           names), builder.names)
-            for key, count in body_counts.items():
-                builder.counts[key] = builder.counts.get(key, 0) + count
+        if has_bodies(operation):   # quantized bodies, reading what this scope's pairs hand them
+            write_bodies(node, operation, read, builder.names, builder.counts, lambda body, names: build_qdq_model(
+                body, qdq_per_consumer, uint8_activations, target, False, uint8_weights, names))
         for slot, variable in enumerate(operation.inputs[:len(node.input)]):   # (then what bodies read)
             if variable is None:
                 continue

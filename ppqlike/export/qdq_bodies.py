@@ -56,13 +56,13 @@ def rename_reads(onnx_graph: onnx.GraphProto, renames: dict[str, str]) -> None:
             onnx_graph.node.append(identity)
 
 
-def write_bodies(node: onnx.NodeProto, operation: Operation, renames: dict[str, str],
-                 build: Callable[[Graph, set], tuple], reserved: set) -> dict:
+def write_bodies(node: onnx.NodeProto, operation: Operation, read: Callable[[str], str], reserved: set,
+                 counts: dict, build: Callable[[Graph, set], tuple]) -> None:
     """Write the bodies of ``operation`` into ``node``: quantized bodies through ``build(body, reserved
-    names)`` (the QDQ exporter), float ones as they are; then the reads of enclosing values renamed
-    (``renames``: name -> the tensor holding its quantized value).  Returns the counts of the bodies'
-    reports, added up; ``reserved`` gains the bodies' names."""
-    counts: dict = {}
+    names)`` (the QDQ exporter), float ones as they are; then their reads of enclosing values renamed to
+    ``read(name)``, the tensor holding its quantized value.  ``counts`` gains the counts of the bodies'
+    reports; ``reserved`` the bodies' names."""
+    renames = {v.name: read(v.name) for v in operation.inputs[len(node.input):] if v is not None}
     for attribute in node.attribute:
         if attribute.type != onnx.AttributeProto.GRAPH:
             continue
@@ -75,4 +75,3 @@ def write_bodies(node: onnx.NodeProto, operation: Operation, renames: dict[str, 
                     counts[key] = counts.get(key, 0) + value
         rename_reads(attribute.g, renames)
         reserved |= names_in_bodies(helper.make_graph([node], "scope", [], []))
-    return counts
