@@ -1,6 +1,6 @@
 """ONNX → Graph.
 
-Reads a model (a path, bytes or a ModelProto) of opsets 11-21 in the default domain:
+Reads a model (a path, bytes or a ModelProto) of opsets 11-23 in the default domain:
 initializers and Constant nodes become parameters, external data is read
 from beside the file straight into arrays, dynamic dimensions are kept as names (or None), a weight
 shared by several ops stays one variable, and a graph input that is also an
@@ -24,7 +24,7 @@ from .onnx_files import check_onnx_model
 from .tensor_data import (check_external_data, has_external_data, read_external_data, sparse_to_dense,
                           tensor_value)
 
-MIN_OPSET, MAX_OPSET = 11, 21
+MIN_OPSET, MAX_OPSET = 11, 23
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -39,7 +39,7 @@ def read_model(source: Any, arrays: dict | None = None) -> onnx.ModelProto:
     """Load and check a ModelProto from a path, bytes or a ModelProto (ModelLoadError, GraphError).
 
     Checks, in order: the bytes parse, external data files are inside the model's folder and long
-    enough, the default-domain opset is one ppqlike reads (11-21), every node
+    enough, the default-domain opset is one ppqlike reads (11-23), every node
     of the default domain is a known ONNX operator, every node input is
     produced, the nodes form no cycle, then ``onnx.checker``; then external data is read: into
     ``arrays`` when given (for :func:`graph_from_model`; the proto keeps its references), else into
@@ -87,7 +87,7 @@ def read_model(source: Any, arrays: dict | None = None) -> onnx.ModelProto:
 
 
 def _default_opset(model: onnx.ModelProto, where: str) -> int:
-    """The model's default-domain opset; a ModelLoadError when missing or outside 11-21."""
+    """The model's default-domain opset; a ModelLoadError when missing or outside 11-23."""
     opset = None
     for entry in model.opset_import:
         if entry.domain in DEFAULT_DOMAINS:

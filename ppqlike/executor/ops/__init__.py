@@ -10,12 +10,12 @@ from types import MappingProxyType
 
 from ...core.errors import UnsupportedOperationError
 from ...core.ir import Operation
-from . import (activation, arithmetic, conv, generator, indexing, linear, logic,
-               normalization, pooling, reduction, resize, tensor)
+from . import (activation, algebra, arithmetic, bitwise, conv, generator, indexing, linear, logic,
+               normalization, pooling, reduction, resize, selection, tensor, trigonometry)
 from .base import Kernel, KernelBuilder
 
-_FAMILIES = (activation, arithmetic, conv, generator, indexing, linear, logic,
-             normalization, pooling, reduction, resize, tensor)
+_FAMILIES = (activation, algebra, arithmetic, bitwise, conv, generator, indexing, linear, logic,
+             normalization, pooling, reduction, resize, selection, tensor, trigonometry)
 
 
 def _merge() -> MappingProxyType:
