@@ -11,11 +11,11 @@ from types import MappingProxyType
 from ...core.errors import UnsupportedOperationError
 from ...core.ir import Operation
 from . import (activation, algebra, arithmetic, attention, bitwise, conv, detection, generator, indexing, linear, logic,
-               normalization, pooling, reduction, resize, sampling, selection, signal, tensor, trigonometry)
+               normalization, pooling, quantization, reduction, resize, sampling, selection, signal, tensor, trigonometry)
 from .base import Kernel, KernelBuilder
 
 _FAMILIES = (activation, algebra, arithmetic, attention, bitwise, conv, detection, generator, indexing, linear, logic,
-             normalization, pooling, reduction, resize, sampling, selection, signal, tensor, trigonometry)
+             normalization, pooling, quantization, reduction, resize, sampling, selection, signal, tensor, trigonometry)
 
 
 def _merge() -> MappingProxyType:
