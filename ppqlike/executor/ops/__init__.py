@@ -10,12 +10,12 @@ from types import MappingProxyType
 
 from ...core.errors import UnsupportedOperationError
 from ...core.ir import Operation
-from . import (activation, algebra, arithmetic, attention, bitwise, conv, detection, generator, indexing, linear, logic,
-               normalization, pooling, quantization, reduction, resize, sampling, selection, signal, tensor, trigonometry)
+from . import (activation, algebra, arithmetic, attention, bitwise, conv, detection, generator, indexing, linear, logic, loss,
+               normalization, pooling, quantization, reduction, resize, sampling, selection, signal, tensor, text, trigonometry)
 from .base import Kernel, KernelBuilder
 
-_FAMILIES = (activation, algebra, arithmetic, attention, bitwise, conv, detection, generator, indexing, linear, logic,
-             normalization, pooling, quantization, reduction, resize, sampling, selection, signal, tensor, trigonometry)
+_FAMILIES = (activation, algebra, arithmetic, attention, bitwise, conv, detection, generator, indexing, linear, logic, loss,
+             normalization, pooling, quantization, reduction, resize, sampling, selection, signal, tensor, text, trigonometry)
 
 
 def _merge() -> MappingProxyType:
