@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.ir import Graph, Variable
+from ...core.op_facts import output_is_non_float
 from ...core.patterns import find_transformer_blocks
 from ...core.quant import QuantizationStates
 from ...platforms import slots
@@ -30,9 +31,14 @@ S = QuantizationStates
 
 
 def is_float_tensor(variable: Variable) -> bool:
-    """A floating-point tensor (or one whose type is unknown, which the executor computes in float)."""
+    """A floating-point tensor, or one whose type is unknown and that its producer does not make integer or
+    boolean by definition (an index, a mask, a code: ``op_facts.output_is_non_float``)."""
     dtype = variable.dtype if variable.value is None else variable.value.dtype
-    return dtype is None or np.issubdtype(dtype, np.floating)
+    if dtype is None:
+        producer = variable.producer
+        return producer is None or not any(output is variable and output_is_non_float(producer, index)
+                                           for index, output in enumerate(producer.outputs))
+    return np.issubdtype(dtype, np.floating)
 
 
 class QuantizeRefinePass(QuantizationOptimizationPass):
