@@ -8,7 +8,6 @@ j <= i + past_sequence_length only.
 """
 
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from onnx_helpers import assert_matches_onnxruntime
@@ -22,7 +21,8 @@ def _float(shape, seed, scale=1.0):
 
 @settings(max_examples=60, deadline=None)
 @given(batch=st.integers(1, 2), kv_heads=st.integers(1, 2), group=st.integers(1, 3), length=st.integers(1, 4),
-       kv_length=st.integers(1, 5), past=st.integers(0, 3), head=st.sampled_from([2, 4]), v_head=st.sampled_from([2, 3]),
+       kv_length=st.integers(1, 5), past=st.integers(0, 3), head=st.sampled_from([2, 4]),
+       v_head=st.sampled_from([2, 3]),
        three_d=st.booleans(), causal=st.booleans(), mask=st.sampled_from(["none", "bool", "float"]),
        mask_rank=st.integers(2, 4), scale=st.one_of(st.none(), st.sampled_from([0.1, 1.0])),
        softcap=st.sampled_from([0.0, 2.0]), mode=st.integers(0, 3), seed=st.integers(0, 2 ** 16))

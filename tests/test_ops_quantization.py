@@ -118,7 +118,8 @@ def _conv_inputs(rng, x_type, w_type, n, c, m, size, kernel, per_channel):
 
 @pytest.mark.parametrize("x_type,w_type", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
 @settings(max_examples=10, deadline=None)
-@given(n=st.integers(1, 2), c=st.integers(1, 4), m=st.integers(1, 4), size=st.tuples(st.integers(3, 7), st.integers(3, 7)),
+@given(n=st.integers(1, 2), c=st.integers(1, 4), m=st.integers(1, 4),
+       size=st.tuples(st.integers(3, 7), st.integers(3, 7)),
        kernel=st.sampled_from([(1, 1), (3, 3), (2, 3)]), stride=st.integers(1, 2), pad=st.integers(0, 1),
        per_channel=st.booleans(), with_bias=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_qlinear_conv(x_type, w_type, n, c, m, size, kernel, stride, pad, per_channel, with_bias, seed):

@@ -91,7 +91,8 @@ def test_col2im(d, n, c, data):
 @given(n=st.integers(1, 2), groups=st.integers(1, 2), offset_groups=st.integers(1, 2), per_group=st.integers(1, 2),
        m=st.integers(1, 2), size=st.tuples(st.integers(2, 6), st.integers(2, 6)),
        kernel=st.tuples(st.integers(1, 3), st.integers(1, 3)), stride=st.integers(1, 2), pad=st.integers(0, 1),
-       dilation=st.integers(1, 2), with_bias=st.booleans(), with_mask=st.booleans(), reach=st.sampled_from([0.0, 1.5, 4.0]),
+       dilation=st.integers(1, 2), with_bias=st.booleans(), with_mask=st.booleans(),
+       reach=st.sampled_from([0.0, 1.5, 4.0]),
        seed=st.integers(0, 2 ** 16))
 def test_deform_conv(n, groups, offset_groups, per_group, m, size, kernel, stride, pad, dilation, with_bias,
                      with_mask, reach, seed):
