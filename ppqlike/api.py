@@ -127,12 +127,13 @@ def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
     and the protection pass measure on it).  When the data's length is unknown or too short, nothing is
     held aside (those measures then run on calibration batches, and their reports say so)."""
     held = setting.mixed_precision_batches if setting.accuracy_target is not None else 1
-    total = calib_steps
-    if total is None:
-        try:
-            total = len(batches)
-        except TypeError:
-            return batches, calib_steps, None
+    try:
+        available = len(batches)
+    except TypeError:
+        available = None
+    total = calib_steps if calib_steps is not None else available
+    if total is None or (available is not None and total > available):   # unknown, or too few (calibration says)
+        return batches, calib_steps, None
     if total <= held or (setting.accuracy_target is None and total < HOLD_ASIDE_FROM):
         return batches, calib_steps, None
     return _BatchRange(batches, 0, total - held), total - held, _BatchRange(batches, total - held, total)
@@ -189,7 +190,8 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
             operation.config, operation.platform = None, None
     formatting = format_for_quantization(graph, setting)
     summary = dispatch_graph(graph, platform, policy.quantizable_types, dispatcher=setting.dispatcher,
-                             dispatching_table=setting.dispatching_table or None, transformer=policy.transformer)
+                             dispatching_table=setting.dispatching_table or None, transformer=policy.transformer,
+                             recurrent=policy.recurrent)
     PlatformQuantizer(policy).quantize(graph)
     executor = NumpyExecutor(graph)
     batches = checked = _CheckedBatches(graph, calib_dataloader, collate_fn, input_shape, inputs)

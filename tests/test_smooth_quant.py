@@ -26,9 +26,12 @@ def _layer_norm_results(graph) -> list[str]:
     return [b.result for b in find_transformer_blocks(graph) if b.kind == "LayerNorm"]
 
 
-@pytest.mark.parametrize("layer_norm", ["pytorch", "op"])
+@pytest.mark.parametrize("layer_norm", ["pytorch", "op", "e_x2", "e_x2_reduce_sum", "keras", "rms", "rms_pow",
+                                        "rms_div"])
 @pytest.mark.parametrize("alpha", [None, 0.5])
 def test_fp32_outputs_unchanged_and_ranges_lowered(layer_norm, alpha):
+    """Every spelling: gamma and beta (gamma alone for an RMSNorm; TensorFlow's beta - mean * k included) divided,
+    the next weights multiplied, the function the same."""
     model = encoder_model(layer_norm)
     graph = load_graph(model)
     results = _layer_norm_results(graph)

@@ -22,7 +22,7 @@ from ..core.ir import Graph
 from ..executor import NumpyExecutor
 from ..executor.simulation import dequantized
 from ..optim.passes.precision_moves import find_units
-from ..optim.passes.sensitivity import AloneRunner, sample_cosines
+from ..optim.passes.sensitivity import AloneRunner, leading_samples, sample_cosines
 
 VERDICT_THRESHOLD = 0.98
 
@@ -31,18 +31,12 @@ class QuantizationQualityWarning(UserWarning):
     """The quantized model's outputs are far from the FP32 model's on held-aside calibration samples."""
 
 
-def _limited(batch, samples: int):
-    if isinstance(batch, dict):
-        return {name: np.asarray(value)[:samples] for name, value in batch.items()}
-    return np.asarray(batch)[:samples]
-
-
 def quantization_verdict(graph: Graph, executor: NumpyExecutor, batch, held_aside: bool,
                          threshold: float = VERDICT_THRESHOLD, samples: int = 16, worst: int = 5) -> dict:
     """The output cosine of ``graph`` against FP32 on ``batch`` (at most ``samples`` samples) and, below
     ``threshold``, the ``worst`` ops and advice, also issued as a :class:`QuantizationQualityWarning`."""
     started = time.perf_counter()
-    batch = _limited(batch, samples)
+    batch = leading_samples(batch, samples)
     quantized = executor.forward(batch)
     with dequantized(graph):
         reference = executor.forward(batch)

@@ -4,6 +4,7 @@ Used to compare algorithms, not to deploy: all ops the quantizer knows are
 quantized, activations asymmetric uint8, weights symmetric per channel.
 Transformer blocks as the W8A8 setting of the literature (SmoothQuant, LLM.int8 baselines): the linear
 layers and the attention MatMuls in int8; LayerNorm, GELU, Softmax and residual Adds in float.
+Recurrent ops (LSTM, GRU, RNN) stay float, as on every built-in platform (``PlatformPolicy.recurrent``).
 """
 
 from .quantizer import DEFAULT_QUANTIZABLE_TYPES, PlatformPolicy, TensorPolicy, TransformerPolicy

@@ -32,8 +32,13 @@ platform's :class:`~ppqlike.platforms.quantizer.TransformerPolicy` says: a
 ``float`` block is FP32; a ``quantize`` block has its tail TARGET and its other
 ops FP32 (its inside is computed in float, only its result is quantized).
 
-A ``dispatching_table`` pins ops by name, overriding the strategy and the
-transformer policy; the strategy then works around the pinned labels.
+Recurrent ops (LSTM, GRU, RNN) are labelled as the platform's ``recurrent``
+treatment says: ``float`` FP32, ``quantize`` TARGET (X read quantized, the
+outputs quantized, float inside; W, R and the states never quantized).
+
+A ``dispatching_table`` pins ops by name, overriding the strategy, the
+transformer policy and the recurrent treatment; the strategy then works around
+the pinned labels.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from ..core.errors import PlatformError
 from ..core.ir import Graph, Operation, Variable
 from ..core.patterns import ATTENTION_MATMUL, RESIDUAL_ADD, find_transformer_blocks
 from .dispatch_soi import data_free_operations, soi_input_indices, soi_operations, value_inputs, value_uses
-from ..core.op_facts import COMPUTING_TYPES, VALUE_PRESERVING_TYPES
+from ..core.op_facts import COMPUTING_TYPES, RECURRENT_TYPES, VALUE_PRESERVING_TYPES
 from .target import TargetPlatform
 
 _FP32, _SOI = TargetPlatform.FP32, TargetPlatform.SOI
@@ -96,6 +101,13 @@ class _Context:
             labels.update({name: _FP32 for name in block.operations})
             labels[block.tail] = self.target if quantized else _FP32
         return labels
+
+    def recurrent_labels(self, treatment: str) -> dict[str, TargetPlatform]:
+        """The label ``treatment`` ('float' or 'quantize') gives each recurrent op that is neither SOI nor
+        data-free."""
+        label = self.target if treatment == "quantize" else _FP32
+        return {op.name: label for op in self.order
+                if op.type in RECURRENT_TYPES and op.name not in self.soi and op.name not in self.data_free}
 
     def free(self) -> list[Operation]:
         """Ops a strategy may label: neither SOI nor pinned, in topological order."""
@@ -221,7 +233,7 @@ def _parse_pins(graph: Graph, table, target: TargetPlatform, soi: set[str]) -> d
 def dispatch_graph(graph: Graph, platform: TargetPlatform | str, quantizable_types: Iterable[str],
                    dispatcher: str = "conservative",
                    dispatching_table: Mapping[str, TargetPlatform | str] | None = None,
-                   transformer=None) -> dict:
+                   transformer=None, recurrent: str | None = None) -> dict:
     """Write ``op.platform`` on every op of ``graph``: ``platform`` (TARGET), FP32 or SOI.
 
     ``quantizable_types``: the op types the platform's quantizer supports.
@@ -229,7 +241,8 @@ def dispatch_graph(graph: Graph, platform: TargetPlatform | str, quantizable_typ
     module docstring).  ``dispatching_table``: {op name: TargetPlatform or
     'TARGET'/'FP32'/'SOI'} pins ops; unknown names, and SOI ops pinned to
     TARGET, raise PlatformError.  ``transformer``: the platform's
-    TransformerPolicy (None: transformer blocks are left to the strategy).  Returns a summary: ``platform``,
+    TransformerPolicy (None: transformer blocks are left to the strategy).  ``recurrent``: the platform's
+    treatment of LSTM/GRU/RNN, 'float' or 'quantize' (None: left to the strategy).  Returns a summary: ``platform``,
     ``dispatcher``, ``counts`` {label: n}, a list of op names per label
     ('TARGET', 'FP32', 'SOI', topological order), ``types`` {label: {op type: n}}
     ``pinned`` {name: label} and ``blocks`` {block kind: {label of its tail: n blocks}}.
@@ -249,6 +262,10 @@ def dispatch_graph(graph: Graph, platform: TargetPlatform | str, quantizable_typ
     pins = _parse_pins(graph, dispatching_table, target, ctx.soi)
     if transformer is not None:
         ctx.pin({name: label for name, label in ctx.block_labels(transformer).items() if name not in pins})
+    if recurrent is not None:
+        if recurrent not in ("float", "quantize"):
+            raise PlatformError(f"recurrent treatment {recurrent!r} is not 'float' or 'quantize'")
+        ctx.pin({name: label for name, label in ctx.recurrent_labels(recurrent).items() if name not in pins})
     ctx.pin(pins)
     strategy(ctx)
     for operation in ctx.order:

@@ -1,7 +1,8 @@
 """DSP style (DSP_INT8): asymmetric uint8 per-tensor weights and activations.
 
 The hardest common target: per-tensor asymmetric weights lose accuracy on
-depthwise convolutions (cross-layer equalization helps).
+depthwise convolutions (cross-layer equalization helps).  Recurrent ops (LSTM,
+GRU, RNN) stay float, as on every built-in platform (``PlatformPolicy.recurrent``).
 """
 
 from .quantizer import PlatformPolicy, TensorPolicy

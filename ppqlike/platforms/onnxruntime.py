@@ -7,7 +7,10 @@ MatMul, Gemm, Add, Mul and GlobalAveragePool as onnxruntime's integer kernels do
 (``runtime_kernels='onnxruntime'``), so it matches the deployed model.
 Transformers: attention MatMuls and residual Adds run as its integer kernels;
 LayerNorm, GELU and Softmax stay float (its QLinearSoftmax would compute a
-lookup table the simulation does not).
+lookup table the simulation does not).  Recurrent ops (LSTM, GRU, RNN) stay
+float: its static QDQ quantizer leaves LSTM float (its integer LSTM is the
+dynamically quantized com.microsoft DynamicQuantizeLSTM, another format), and
+its CPU GRU/RNN kernels are float only; Q/DQ sit at their boundaries.
 """
 
 from .quantizer import PlatformPolicy, TensorPolicy, TransformerPolicy

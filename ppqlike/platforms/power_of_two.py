@@ -2,7 +2,8 @@
 
 Symmetric per-tensor int8 with scales 2^-n, so rescaling is a shift.  TIDL
 rounds half to even and calibrates with percentile-clipped ranges; NXP rounds
-half up.  The two differ in those two settings only.
+half up.  The two differ in those two settings only.  Recurrent ops (LSTM,
+GRU, RNN) stay float, as on every built-in platform (``PlatformPolicy.recurrent``).
 """
 
 from ..core.quant import RoundingPolicy

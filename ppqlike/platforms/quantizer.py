@@ -39,6 +39,7 @@ class TensorPolicy:
     narrow_range: bool = False       # [-127, 127] instead of [-128, 127]
     power_of_2: bool = False
     observer: str = "minmax"
+    unsigned_non_negative: bool = False   # a symmetric tensor whose calibration minimum is >= 0 is unsigned
 
     def quant_range(self) -> tuple[int, int]:
         """(quant_min, quant_max) of this policy."""
@@ -66,7 +67,10 @@ BLOCK_TREATMENTS = ("quantize", "float")
 
 @dataclass(frozen=True)
 class TransformerPolicy:
-    """What a platform does with each kind of transformer block (values from :data:`BLOCK_TREATMENTS`)."""
+    """What a platform does with each kind of transformer block (values from :data:`BLOCK_TREATMENTS`).
+
+    ``layer_norm`` covers RMSNorm too (a LayerNorm block of form ``rms_norm``), and ``gelu`` every form of GELU
+    (erf, tanh, quick): the targets treat them alike."""
 
     layer_norm: str = "float"
     gelu: str = "quantize"
@@ -104,7 +108,17 @@ DEFAULT_QUANTIZABLE_TYPES = frozenset({
 
 @dataclass(frozen=True)
 class PlatformPolicy:
-    """Everything a platform decides about quantization, in one place."""
+    """Everything a platform decides about quantization, in one place.
+
+    ``recurrent`` says what the platform does with LSTM, GRU and RNN (``core.op_facts.RECURRENT_TYPES``):
+    ``float`` (every built-in platform) — the op runs in float, its MatMuls too; its input is dequantized where
+    the op that produced it is quantized, and its consumers quantize what they read.  ``quantize`` — the op
+    reads X on the integer grid and writes Y, Y_h and Y_c quantized, computing in float inside (a runtime that
+    wraps a float cell in int8 I/O).  W, R, B, the initial states and sequence_lens are never quantized: no
+    target here runs the recurrent MatMuls in int8 (onnx-tensorrt runs LSTM/GRU/RNN in FP32/FP16 only; TPU-MLIR
+    lowers them to F32 in int8 mode; onnxruntime's static QDQ quantizer leaves LSTM float, its integer LSTM
+    being the dynamically quantized com.microsoft DynamicQuantizeLSTM).
+    """
 
     platform: TargetPlatform
     activation: TensorPolicy = TensorPolicy()
@@ -122,8 +136,14 @@ class PlatformPolicy:
     exporter: str = "qdq_onnx"
     placement: str = "every_output"             # or 'compute_inputs' (TensorRT): ppqlike.optim.passes.placement
     transformer: TransformerPolicy = TransformerPolicy()
+    recurrent: str = "float"                    # LSTM, GRU, RNN: 'float' or 'quantize' (class docstring)
     description: str = ""
     extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        if self.recurrent not in BLOCK_TREATMENTS:
+            raise PlatformError(f"{self.platform.name} policy: recurrent treatment {self.recurrent!r} is not one of "
+                                f"{', '.join(BLOCK_TREATMENTS)}")
 
     def with_changes(self, **changes) -> "PlatformPolicy":
         """A copy with some settings changed (e.g. another observer)."""

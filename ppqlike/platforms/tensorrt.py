@@ -10,6 +10,9 @@ runs LayerNorm, GELU (fused into the GEMM epilogue), Softmax and residual Adds
 in float where no Q/DQ pair asks otherwise, and runs the attention MatMuls
 (Q K^T, probabilities x V) in int8 when their inputs are quantized.  PPL CUDA differs only
 in quantizing the bias to int32 and aligning Add inputs to the output.
+Recurrent ops (LSTM, GRU, RNN) stay float: onnx-tensorrt imports them as
+loops in FP32/FP16 only (its operator support matrix lists no INT8 for them),
+so Q/DQ sit only where their neighbours are quantized.
 """
 
 from .quantizer import PlatformPolicy, TensorPolicy, TransformerPolicy

@@ -12,13 +12,13 @@ from types import MappingProxyType
 from ...core.errors import UnsupportedOperationError
 from ...core.ir import Operation
 from . import (activation, algebra, arithmetic, attention, bitwise, conv, detection, generator, indexing, linear,
-               logic, loss, normalization, pooling, quantization, reduction, resize, sampling, selection, signal,
-               tensor, text, trigonometry)
+               logic, loss, normalization, pooling, quantization, recurrent, reduction, resize, sampling, selection,
+               signal, tensor, text, trigonometry)
 from .base import Kernel, KernelBuilder
 
 _FAMILIES = (activation, algebra, arithmetic, attention, bitwise, conv, detection, generator, indexing, linear, logic,
-             loss, normalization, pooling, quantization, reduction, resize, sampling, selection, signal, tensor, text,
-             trigonometry)
+             loss, normalization, pooling, quantization, recurrent, reduction, resize, sampling, selection, signal,
+             tensor, text, trigonometry)
 
 _RANDOM = ("draws new random numbers on every run, so calibration, its checks and the exported model's "
            "verification could not repeat; replace it by a constant (or feed the numbers as an input)")

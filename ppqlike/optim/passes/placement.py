@@ -5,7 +5,8 @@ Two placements (``PlatformPolicy.placement``):
 * ``every_output`` (PPQ's, and what integer-only hardware runs: TPU-MLIR, onnxruntime's integer kernels):
   every op on the platform quantizes its outputs; nothing changes here.
 * ``compute_inputs`` (TensorRT's explicit quantization): a tensor is quantized only where an int8 kernel
-  reads it - the activation inputs of Conv, ConvTranspose, Gemm and MatMul - and at the skip input of a
+  reads it - the activation inputs of Conv, ConvTranspose, Gemm and MatMul, and of a recurrent op the
+  platform quantizes (``setting.recurrent='quantize'``) - and at the skip input of a
   residual Add whose other input a computing op writes (possibly through a Relu/Clip) for that Add alone:
   TensorRT then fuses the Add, and the activation, into that op's epilogue, which reads the skip input in
   int8 and adds it to the float accumulator.  Everything else runs in float: a computing op's result is not
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from ...core.errors import PlatformError
 from ...core.ir import Graph, Operation, Variable
-from ...core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
+from ...core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS, RECURRENT_TYPES
 from ...core.quant import QuantizationStates
 from ...platforms import slots
 from ..base import QuantizationOptimizationPass
@@ -57,7 +58,7 @@ def compute_input_tensors(graph: Graph) -> set[str]:
     for operation in graph.operations.values():
         if operation.config is None:
             continue
-        if operation.type in COMPUTING_TYPES:
+        if operation.type in COMPUTING_TYPES or operation.type in RECURRENT_TYPES:
             quantized.update(variable.name for variable in _activation_inputs(operation))
         elif operation.type == "Add" and len(operation.inputs) == 2:
             data = _activation_inputs(operation)

@@ -40,16 +40,7 @@ from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
 from .precision_moves import (can_widen, find_units, move_to_fp32, move_to_wider_grid, reader_units, restore,
                               snapshot)
-from .sensitivity import AloneRunner, output_cosine, sample_cosines
-
-
-def _limited(batch, samples: int):
-    """The first ``samples`` samples of a batch (an array, or a dict of arrays with a leading batch axis)."""
-    if isinstance(batch, dict):
-        return {name: np.asarray(value)[:samples] for name, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return [np.asarray(value)[:samples] for value in batch]
-    return np.asarray(batch)[:samples]
+from .sensitivity import AloneRunner, leading_samples, output_cosine, sample_cosines
 
 
 class LayerProtectionPass(QuantizationOptimizationPass):
@@ -70,7 +61,7 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         started = time.perf_counter()
         executor = executor or NumpyExecutor(graph)
         source = held_aside if held_aside is not None else dataloader
-        batch = _limited(next(iter(iterate_calibration(source, 1, collate_fn, "protection data", False))),
+        batch = leading_samples(next(iter(iterate_calibration(source, 1, collate_fn, "protection data", False))),
                          self.samples)
         with dequantized(graph):
             reference = executor.forward(batch)

@@ -8,7 +8,9 @@ j is divided by s_j and the matching weight row multiplied by s_j:
     s_j = max|X_j| ** alpha / max|W_j| ** (1 - alpha),   X' = X / s,   W' = diag(s) W,   X' W' = X W
 
 The division goes into the LayerNorm's gamma and beta (``y = n * gamma + beta``, so ``y / s`` is
-``n * (gamma / s) + beta / s``): the FP32 function is unchanged, up to float rounding.  ``alpha`` is chosen per
+``n * (gamma / s) + beta / s``; an RMSNorm has gamma alone; TensorFlow's ``x * k + (beta - mean * k)`` with
+``k = gamma / std`` divides the same way): the constants are the block's ``affine`` ones, which the pattern
+finder checked scale its result.  The FP32 function is unchanged, up to float rounding.  ``alpha`` is chosen per
 LayerNorm on the calibration data (unless given): among :data:`ALPHAS` and no smoothing at all, the one whose
 int8 product — per-tensor symmetric activations, per-channel weights, both max-scaled — is closest to the
 FP32 product on a sample of the LayerNorm's result rows (relative squared error, summed over the readers).
@@ -16,7 +18,8 @@ FP32 product on a sample of the LayerNorm's result rows (relative squared error,
 Reads: FP32 weights and the LayerNorm's gamma/beta (configs still INITIAL: run before the parameter pass), the
 calibration data (FP32 forward).  Writes: ``Variable.value`` of gamma, beta and the readers' weights (new
 float32 arrays); no config changes.  Skipped, with the reason in the report: LayerNorms without gamma, whose
-gamma/beta/weights are shared with other ops, or whose result is a graph output or read by anything else.
+gamma/beta/weights are shared with other ops, that normalise over another axis than the last, or whose result
+is a graph output or read by anything else.
 """
 
 from __future__ import annotations
@@ -38,11 +41,11 @@ _SCALE_BOUNDS = (1e-4, 1e4)
 
 @dataclass
 class _Group:
-    """One LayerNorm and the weights its result feeds: ``weights`` are (variable, input-channel axis)."""
+    """One LayerNorm, the constants that scale its result (gamma, beta) and the weights its result feeds:
+    ``weights`` are (variable, input-channel axis)."""
 
     block: Block
-    gamma: Variable
-    beta: Variable | None
+    affine: list[Variable]
     weights: list[tuple[Variable, int]]
 
 
@@ -136,7 +139,7 @@ def smoothable_groups(graph: Graph) -> tuple[list[_Group], list[dict]]:
         if block.kind != LAYER_NORM:
             continue
         tail = graph.operations[block.tail]
-        gamma, beta, reason = _gamma_beta(graph, block)
+        affine, reason = _affine(graph, block)
         result = graph.variables[block.result]
         readers = list(dict.fromkeys(result.consumers))
         weights = [_weight_of(reader, result) for reader in readers]
@@ -148,34 +151,30 @@ def smoothable_groups(graph: Graph) -> tuple[list[_Group], list[dict]]:
             reason = "a weight it feeds is shared with other ops"
         if reason is None:
             channels = {v.value.shape[axis] for v, axis in weights}
-            sizes = {gamma.value.size} | ({beta.value.size} if beta is not None else set())
+            sizes = {variable.value.size for variable in affine}
             if len(channels) != 1 or not sizes <= {1, *channels}:
                 reason = "its readers' weights and its gamma/beta disagree on the channel count"
         if reason is not None:
             skipped.append({"layer_norm": tail.name, "reason": reason})
             continue
-        groups.append(_Group(block, gamma, beta, weights))
+        groups.append(_Group(block, affine, weights))
     return groups, skipped
 
 
-def _gamma_beta(graph: Graph, block: Block) -> tuple[Variable | None, Variable | None, str | None]:
+def _affine(graph: Graph, block: Block) -> tuple[list[Variable], str | None]:
+    """The block's gamma/beta (its ``affine`` constants), or the reason it cannot absorb the scales."""
     tail = graph.operations[block.tail]
-    if tail.type == "LayerNormalization":
-        gamma = tail.inputs[1] if len(tail.inputs) > 1 else None
-        beta = tail.inputs[2] if len(tail.inputs) > 2 else None
-        if tail.attributes.get("axis", -1) not in (-1, len(tail.inputs[0].shape or ()) - 1):
-            return None, None, "it normalises over more than the last axis"
-    else:
-        ops = [graph.operations[name] for name in block.operations]
-        scale = next((op for op in ops if op.type == "Mul" and any(v.is_parameter for v in op.inputs)), None)
-        shift = next((op for op in ops[-1:] if op.type == "Add" and any(v.is_parameter for v in op.inputs)), None)
-        gamma = next((v for v in scale.inputs if v.is_parameter), None) if scale else None
-        beta = next((v for v in shift.inputs if v.is_parameter), None) if shift else None
-    if gamma is None or not gamma.is_parameter:
-        return None, None, "it has no constant gamma to absorb the scales"
-    if len(set(gamma.consumers)) > 1 or (beta is not None and len(set(beta.consumers)) > 1):
-        return None, None, "its gamma or beta is shared with other ops"
-    return gamma, beta, None
+    if tail.type == "LayerNormalization" and \
+            tail.attributes.get("axis", -1) not in (-1, len(tail.inputs[0].shape or ()) - 1):
+        return [], "it normalises over more than the last axis"
+    affine = [graph.variables[name] for name in block.affine]
+    if not affine:
+        return [], "it has no constant gamma to absorb the scales"
+    if any(v.value.size > 1 and v.value.shape[-1] != v.value.size for v in affine):
+        return [], "it normalises over another axis than the last"
+    if any(len(set(v.consumers)) > 1 for v in affine):
+        return [], "its gamma or beta is shared with other ops"
+    return affine, None
 
 
 def _weight_of(reader: Operation, activation: Variable) -> tuple[Variable, int] | None:
@@ -195,12 +194,10 @@ def _rows_first(weight: np.ndarray, axis: int) -> np.ndarray:
 
 def _apply(group: _Group, scales: np.ndarray) -> None:
     channels = len(scales)
-    group.gamma.value = (np.broadcast_to(group.gamma.value, (channels,)) / scales).astype(np.float32)
-    if group.beta is not None:
-        group.beta.value = (np.broadcast_to(group.beta.value, (channels,)) / scales).astype(np.float32)
+    for variable in group.affine:  # a one-value gamma/beta (LayerNormalization broadcasts it) becomes per channel
+        value = variable.value if variable.value.size == channels else np.broadcast_to(variable.value, (channels,))
+        variable.value = (value / scales.reshape(value.shape)).astype(np.float32)
+        variable.shape, variable.dtype = list(variable.value.shape), variable.value.dtype
     for variable, axis in group.weights:
         factor = scales[:, None] if axis == 0 else scales[None, :]
         variable.value = (variable.value * factor).astype(np.float32)
-    for variable in (group.gamma, group.beta):
-        if variable is not None:
-            variable.shape, variable.dtype = list(variable.value.shape), variable.value.dtype
