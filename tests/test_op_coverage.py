@@ -3,7 +3,8 @@
 The list is computed at run time: every operator of ``onnx.defs.get_all_schemas_with_history()`` in the
 default domain with a version up to opset 23 (196 with onnx 1.23), less the executor's kernels, less
 the ops refused by name below (each with its reason, also the executor's error message), less the
-control-flow ops that branch `control` of issue 35 adds (the recurrent ones came with branch `recurrent`).  Whatever is left is missing, and the test fails naming it.
+control-flow ops that branch `control` of issue 35 adds (the recurrent ones came with branch
+`recurrent`).  Whatever is left is missing, and the test fails naming it.
 
 How the list was made (issue 35, item 3; onnx 1.23.2, onnxruntime 1.32.0): a single-node model per
 operator at its newest opset up to 23 (and older ones where onnxruntime's kernel stops earlier), one
