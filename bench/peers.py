@@ -169,13 +169,24 @@ def _quantize_nncf(spec: dict, preset) -> dict:
             "call": "nncf.quantize(model, nncf.Dataset(...)" + (", preset=MIXED" if options else "") + ")"}
 
 
+def _private_copy(preset, spec: dict) -> str:
+    """A copy of the model in the output folder: ModelOpt and Quark write next to the model they are given
+    (shape-inferred and intermediate models; the shared models were rewritten in place by one of them once),
+    and the shared folder must never change."""
+    import shutil
+    copy = Path(spec["output"]).parent / f"{Path(spec['output']).stem}.input.onnx"
+    shutil.copyfile(preset.path, copy)
+    return str(copy)
+
+
 def _quantize_modelopt(spec: dict, preset) -> dict:
     import numpy as np
     from modelopt.onnx.quantization import quantize
     batches = _image_batches(spec, spec["batch"])
     images = np.concatenate(list(batches))   # its documented input: every calibration sample in one array
     started = time.perf_counter()
-    quantize(str(preset.path), quantize_mode="int8", calibration_data=images, calibration_method=spec["variant"],
+    quantize(_private_copy(preset, spec), quantize_mode="int8", calibration_data=images,
+             calibration_method=spec["variant"],
              calibration_eps=["cpu"], high_precision_dtype=MODELOPT_HIGH_PRECISION, output_path=spec["output"],
              log_level="WARNING")
     return {"quantize_seconds": time.perf_counter() - started, "decode_seconds": batches.seconds,
@@ -206,7 +217,8 @@ def _quantize_quark(spec: dict, preset) -> dict:
     config = _quark_config(spec["variant"])
     batches = _image_batches(spec, READER_BATCH)
     started = time.perf_counter()
-    ModelQuantizer(config).quantize_model(str(preset.path), spec["output"], _reader(batches, preset.input_name))
+    ModelQuantizer(config).quantize_model(_private_copy(preset, spec), spec["output"],
+                                          _reader(batches, preset.input_name))
     return {"quantize_seconds": time.perf_counter() - started, "decode_seconds": batches.seconds,
             "calibration_images": batches.images,
             "call": f"quark.onnx.ModelQuantizer(QConfig({spec['variant']})).quantize_model(...)"}

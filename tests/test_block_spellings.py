@@ -139,8 +139,11 @@ def test_policies_apply_to_the_other_spellings(platform):
     """The configs follow each platform's treatment of LayerNorm/GELU whatever the spelling: no config inside a
     block, none at all on a float block, only the result's on a quantized one."""
     policy = PLATFORM_POLICIES[TargetPlatform.parse(platform)].transformer
+    setting = QuantizationSettingFactory.for_platform(platform)
+    if platform != "TRT_INT8":   # every op's outputs, where the transformer policy speaks (not TensorRT's placement)
+        setting.placement = "every_output"
     for layer_norm, gelu in (("keras", "tanh_mul"), ("e_x2_reduce_sum", "quick"), ("rms_pow", "tanh_factored")):
-        graph = api.quantize_onnx_model(encoder_model(layer_norm, gelu), CALIB, platform=platform)
+        graph = api.quantize_onnx_model(encoder_model(layer_norm, gelu), CALIB, platform=platform, setting=setting)
         blocks = find_transformer_blocks(graph)
         assert Counter(b.kind for b in blocks if b.kind in ("LayerNorm", "Gelu")) == {"LayerNorm": 2, "Gelu": 1}
         for block in blocks:
@@ -168,7 +171,9 @@ def test_tpu_gelu_of_every_spelling_is_an_int8_lookup_table(gelu):
     """TPU-MLIR lowers GELU to a table from the int8 input to the int8 output: so does every spelling here."""
     from ppqlike.executor import NumpyExecutor
     from ppqlike.executor.simulation import apply_output_config
-    graph = api.quantize_onnx_model(encoder_model("pytorch", gelu), CALIB, platform="TPU_INT8")
+    setting = QuantizationSettingFactory.for_platform("TPU_INT8")
+    setting.placement = "every_output"   # TPU-MLIR's all-int8 lowering (its default for transformers is mixed)
+    graph = api.quantize_onnx_model(encoder_model("pytorch", gelu), CALIB, platform="TPU_INT8", setting=setting)
     block = next(b for b in find_transformer_blocks(graph) if b.kind == "Gelu")
     source_config = governing_config(graph.variables[block.source].producer.config.output_quantization_config[0])
     tail_config = graph.operations[block.tail].config.output_quantization_config[0]

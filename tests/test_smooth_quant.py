@@ -98,9 +98,10 @@ def test_setting_runs_it_in_the_pipeline_and_the_export_matches():
     setting.smooth_quant = True
     graph = api.quantize_onnx_model(encoder_model(), CALIB, platform="TRT_INT8", setting=setting)
     passes = {p["name"]: p["report"] for p in graph.metadata["quantization"]["passes"]}
-    assert passes["smooth_quant"]["smoothed"] == 2
+    layer_norms = [d for d in passes["smooth_quant"]["layer_norms"] if "layer_norm" in d]
+    assert len(layer_norms) == 2 and all(d["alpha"] is not None for d in layer_norms)
     names = [p["name"] for p in graph.metadata["quantization"]["passes"]]
-    assert names.index("smooth_quant") < names.index("parameter")
+    assert names.index("smooth_quant") < names.index("placement") < names.index("parameter")
     with pytest.raises(PlatformError, match="smooth_quant_alpha"):
         setting.smooth_quant_alpha = 1.5
         setting.validate()

@@ -49,7 +49,11 @@ def test_unrelated_erf_sub_and_skip_add_are_left_alone():
 
 
 def _quantized(platform: str, **setting_changes):
+    """The encoder quantized for ``platform`` with every op's outputs quantized where the transformer policy says
+    (the placement onnxruntime's integer kernels and TPU-MLIR's all-int8 lowering run; TensorRT keeps its own)."""
     setting = QuantizationSettingFactory.for_platform(platform)
+    if platform != "TRT_INT8":
+        setting.placement = "every_output"
     for key, value in setting_changes.items():
         setattr(setting, key, value)
     return api.quantize_onnx_model(encoder_model(), CALIB, platform=platform, setting=setting)
@@ -198,3 +202,25 @@ def test_ort_int8_transformer_runs_bit_for_bit_as_simulated():
     graph = _quantized("ORT_INT8")
     result = verify_export(graph, TEST, optimizations=("all",), uint8_weights=True)
     assert result["end_to_end"]["all"]["y"]["exact"] == 1.0, result["end_to_end"]
+
+
+@pytest.mark.parametrize("platform", ["ORT_INT8", "TPU_INT8", "TRT_INT8"])
+def test_transformers_quantize_what_matmuls_read_by_default(platform, tmp_path):
+    """By default a graph with LayerNorms quantizes only what its MatMuls read (onnxruntime runs them as
+    MatMulIntegerToFloat, TPU-MLIR lists every other op F32): LayerNorm, GELU, Softmax and the residual Adds are
+    float, their ops dispatched FP32; the export run by onnxruntime equals the simulation up to float rounding."""
+    setting = QuantizationSettingFactory.for_platform(platform)
+    graph = api.quantize_onnx_model(encoder_model(), CALIB, platform=platform, setting=setting)
+    report = next(p["report"] for p in graph.metadata["quantization"]["passes"] if p["name"] == "placement")
+    assert report["placement"] == "compute_inputs"
+    for block in find_transformer_blocks(graph):
+        if block.kind in ("LayerNorm", "Gelu", "Softmax", "ResidualAdd"):
+            tail = graph.operations[block.tail]
+            assert tail.platform is TargetPlatform.FP32 and (tail.config is None or not any(
+                governing_config(c) for c in tail.config.output_quantization_config)), block
+    matmuls = [op for op in graph.operations.values() if op.type == "MatMul"]
+    assert matmuls and all(governing_config(op.config.input_quantization_config[0]) for op in matmuls)
+    result = verify_export(graph, TEST, optimizations=("all",))
+    stats = result["end_to_end"]["all"]["y"]
+    # TPU-MLIR rounds half away from zero, which QuantizeLinear does not: one step apart at ties (its report)
+    assert stats["cosine"] >= 0.99999 and stats["max_steps"] <= (1.0 if platform == "TPU_INT8" else 0.01), stats

@@ -3,7 +3,7 @@
 One place says what a quantization run does: :func:`resolve_policy` (the
 platform's policy with the setting's overrides), :func:`format_for_quantization`
 (the graph formatting the setting enables) and :func:`build_pipeline` (the
-passes, in order: refine, [placement], fusion, simplify, [smooth quant], [equalization], parameter,
+passes, in order: refine, [smooth quant], [placement], fusion, simplify, [equalization], parameter,
 [AdaRound], calibration, alignment, passive, [range search], [bias correction], [mixed
 precision], [integer requantization], [runtime kernels], baking).
 """
@@ -134,8 +134,8 @@ def resolve_policy(platform, setting: QuantizationSetting) -> PlatformPolicy:
         changes["add_alignment"] = setting.add_alignment
     if setting.recurrent is not None:
         changes["recurrent"] = setting.recurrent
-    if setting.placement is not None:
-        changes["placement"] = setting.placement
+    if setting.placement is not None:   # for every graph, transformers included
+        changes["placement"], changes["transformer_placement"] = setting.placement, None
     return policy.with_changes(**changes) if changes else policy
 
 
@@ -157,15 +157,18 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                    registry=DEFAULT_PASS_REGISTRY) -> QuantizationOptimizationPipeline:
     """The pipeline for ``policy`` and ``setting``, with the registered user passes placed in it."""
     passes = [QuantizeRefinePass(policy)]
-    if policy.placement != "every_output":
-        passes.append(QuantizationPlacementPass(policy.placement))
+    float_boundaries = "compute_inputs" in (policy.placement, policy.transformer_placement)
+    if setting.smooth_quant:  # changes the FP32 weights (and LayerNorm gamma/beta), may insert Muls: before the
+        # placement reads which tensors the computing ops read, and before the weights are quantized
+        passes.append(SmoothQuantPass(alpha=setting.smooth_quant_alpha, verbose=verbose > 0,
+                                      insert_multiplies=float_boundaries))
+    if float_boundaries:
+        passes.append(QuantizationPlacementPass(policy.placement, policy.transformer_placement))
     budget = TimeBudget(setting.time_budget_s)  # shared by the passes that stop at it
     if setting.fusion:
         passes.append(FusionPass(policy.fused_activations))
     if setting.simplify:
         passes.append(QuantizationSimplifyPass())
-    if setting.smooth_quant:  # changes the FP32 weights (and LayerNorm gamma/beta): before they are quantized
-        passes.append(SmoothQuantPass(alpha=setting.smooth_quant_alpha, verbose=verbose > 0))
     if setting.equalization:  # changes the FP32 weights: before they are quantized
         passes.append(LayerwiseEqualizationPass(setting.equalization_iterations, setting.equalization_clip,
                                                 setting.equalization_max_scale))

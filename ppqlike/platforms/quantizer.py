@@ -135,6 +135,7 @@ class PlatformPolicy:
     #                                             None: those layers fall back to FP32
     exporter: str = "qdq_onnx"
     placement: str = "every_output"             # or 'compute_inputs' (TensorRT): ppqlike.optim.passes.placement
+    transformer_placement: str | None = None    # the placement of a graph with LayerNorms (None: ``placement``)
     transformer: TransformerPolicy = TransformerPolicy()
     recurrent: str = "float"                    # LSTM, GRU, RNN: 'float' or 'quantize' (class docstring)
     description: str = ""

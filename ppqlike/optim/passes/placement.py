@@ -1,6 +1,6 @@
 """Placement: which tensors a platform quantizes at all, before any config is linked or calibrated.
 
-Two placements (``PlatformPolicy.placement``):
+Two placements (``PlatformPolicy.placement``, and ``transformer_placement`` for a graph with LayerNorms):
 
 * ``every_output`` (PPQ's, and what integer-only hardware runs: TPU-MLIR, onnxruntime's integer kernels):
   every op on the platform quantizes its outputs; nothing changes here.
@@ -16,16 +16,20 @@ Two placements (``PlatformPolicy.placement``):
 Reads: the INITIAL configs the refine pass left.  Writes: FP32 on the activation configs (inputs and
 outputs) of tensors the placement does not quantize, and on the constant operands of ops other than the
 computing ones (they run in float); weights, biases and passive configs of computing ops are left to the
-passes that follow (a Clip bound whose data input is float stays float, see the passive pass).
+passes that follow (a Clip bound whose data input is float stays float, see the passive pass); an op left
+with nothing quantized is dispatched FP32 (what its platform runs in float: TPU-MLIR's quantize table
+lists it as F32).
 """
 
 from __future__ import annotations
 
 from ...core.errors import PlatformError
 from ...core.ir import Graph, Operation, Variable
+from ...core.patterns import LAYER_NORM, find_transformer_blocks
 from ...core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS, RECURRENT_TYPES
 from ...core.quant import QuantizationStates
 from ...platforms import slots
+from ...platforms.target import TargetPlatform
 from ..base import QuantizationOptimizationPass
 
 S = QuantizationStates
@@ -77,14 +81,19 @@ class QuantizationPlacementPass(QuantizationOptimizationPass):
 
     name = "placement"
 
-    def __init__(self, placement: str = "every_output"):
-        if placement not in PLACEMENTS:
-            raise PlatformError(f"placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
-        self.placement = placement
+    def __init__(self, placement: str = "every_output", transformer_placement: str | None = None):
+        for value in (placement, transformer_placement or placement):
+            if value not in PLACEMENTS:
+                raise PlatformError(f"placement {value!r} is not one of {', '.join(PLACEMENTS)}")
+        self.placement, self.transformer_placement = placement, transformer_placement
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
-        if self.placement == "every_output":
-            return {"placement": self.placement, "left_float": 0}
+        placement = self.placement
+        if self.transformer_placement is not None and any(
+                block.kind == LAYER_NORM for block in find_transformer_blocks(graph)):
+            placement = self.transformer_placement
+        if placement == "every_output":
+            return {"placement": placement, "left_float": 0}
         quantized = compute_input_tensors(graph)
         left_float = set()
         for operation in graph.operations.values():
@@ -102,4 +111,11 @@ class QuantizationPlacementPass(QuantizationOptimizationPass):
                 if variable.is_parameter or variable.name not in quantized:   # a constant operand of a float op
                     config.state = S.FP32
                     left_float.add(variable.name)
-        return {"placement": self.placement, "quantized": len(quantized), "left_float": len(left_float)}
+        floated = []
+        for operation in graph.operations.values():   # nothing of it quantized: it runs in float (TPU-MLIR's
+            if operation.config is not None and operation.platform is not TargetPlatform.FP32 and all(
+                    config.state in (S.FP32, S.SOI) for config in operation.config.all_configs()):
+                operation.platform = TargetPlatform.FP32   # quantize table lists it as F32)
+                floated.append(operation.name)
+        return {"placement": placement, "quantized": len(quantized), "left_float": len(left_float),
+                "float_ops": len(floated)}
