@@ -14,7 +14,9 @@ Configuration keys:
   threshold search); each ``+<pass>`` turns on one accuracy pass of ``ACCURACY_PASSES``;
 * ``ort:<MinMax|Entropy|Percentile>:<per_tensor|per_channel>`` — onnxruntime's
   ``quantize_static`` (QDQ format, its default types: QInt8 activations and QInt8 weights)
-  after ``quant_pre_process``.
+  after ``quant_pre_process``;
+* ``nncf:<default|mixed>``, ``modelopt:<entropy|max>``, ``quark:<u8s8_pc|a8w8_pc>`` — the peer quantizers
+  (``bench/peers.py``), run by the Python of their own venv (``bench/peers_venv.sh``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import peers
 
 PPQ_PLATFORMS = ("TRT_INT8", "ORT_INT8", "TPU_INT8", "DSP_INT8")
 PPQ_OBSERVERS = ("default", "kl")
@@ -60,7 +64,9 @@ DEFAULT_CONFIGS = ",".join((
     *(f"ppqlike:{platform}:{recipe}" for platform in ("ORT_INT8", "TRT_INT8", "TPU_INT8")
       for recipe in ("recipe:plain", "default", "recipe:best")),
     "ppqlike:ORT_INT8:default+mixed_precision", "ppqlike:TRT_INT8:default+mixed_precision",
-    "ort:MinMax:per_channel", "ort:Percentile:per_channel", "ort:MinMax:per_tensor"))
+    "ort:MinMax:per_channel", "ort:Percentile:per_channel", "ort:MinMax:per_tensor",
+    # the peers' rows (issue 33), where --tools names them
+    *(f"{tool}:*" for tool in peers.PEER_TOOLS)))
 # the setting fields each accuracy pass name turns on
 ACCURACY_PASSES = {
     "equalization": {"equalization": True},
@@ -80,10 +86,10 @@ class Config:
     """One row of the matrix."""
 
     key: str
-    tool: str                 # 'ppqlike' | 'ort'
+    tool: str                 # 'ppqlike' | 'ort' | a peer of peers.PEER_TOOLS
     platform: str = ""        # ppqlike platform
     observer: str = ""        # ppqlike: 'default' or an observer name
-    method: str = ""          # ort calibration method
+    method: str = ""          # ort: calibration method; a peer: its variant (peers.PEER_VARIANTS)
     per_channel: bool | None = None  # ort: asked; ppqlike: filled from the platform's policy
     same_as: str | None = None       # identical to another key (not run twice)
     resolved_observer: str = ""      # ppqlike: the observer that actually runs
@@ -95,6 +101,8 @@ class Config:
             observer = self.resolved_observer or self.observer
             suffix = " (default)" if self.observer == "default" and not self.passes else ""
             return f"ppqlike {self.platform} {observer}{suffix}" + "".join(f" + {p}" for p in self.passes)
+        if self.tool in peers.PEER_TOOLS:
+            return peers.VARIANTS_BY_KEY[self.key].label
         return f"ORT {self.method} {'per-channel' if self.per_channel else 'per-tensor'}"
 
 
@@ -109,8 +117,8 @@ def default_observer(platform: str) -> tuple[str, bool]:
 
 def all_configs(tools=("ppqlike", "ort")) -> list[Config]:
     """Every configuration of the matrix, ppqlike first (its accuracy-pass rows after its platform
-    rows).  A ppqlike ``kl`` row whose platform already defaults to KL is marked ``same_as`` its
-    default row."""
+    rows), then onnxruntime's, then the peers'.  A ppqlike ``kl`` row whose platform already defaults
+    to KL is marked ``same_as`` its default row."""
     configs = []
     if "ppqlike" in tools:
         for platform in PPQ_PLATFORMS:
@@ -131,6 +139,8 @@ def all_configs(tools=("ppqlike", "ort")) -> list[Config]:
             for granularity in ORT_GRANULARITIES:
                 configs.append(Config(f"ort:{method}:{granularity}", "ort", method=method,
                                       per_channel=granularity == "per_channel"))
+    configs += [Config(variant.key, variant.tool, method=variant.variant, per_channel=variant.per_channel)
+                for variant in peers.PEER_VARIANTS if variant.tool in tools]
     return configs
 
 
@@ -191,7 +201,9 @@ def measure_child(command: list[str], log_path: Path) -> dict:
 
 
 def child_command(spec: dict) -> list[str]:
-    return [sys.executable, str(BENCH / "run.py"), "--child", json.dumps(spec)]
+    """The child's command line: this interpreter, or the peers' venv's for a peer's row."""
+    python = str(peers.peer_python()) if spec["kind"] in peers.PEER_TOOLS else sys.executable
+    return [python, str(BENCH / "run.py"), "--child", json.dumps(spec)]
 
 
 # ---------------------------------------------------------------- the children
@@ -200,7 +212,9 @@ def run_child(spec: dict) -> None:
     """Entry point of a child process: dispatch on ``spec['kind']``; prints one JSON line."""
     sys.path.insert(0, str(REPO))
     kind = spec["kind"]
-    result = {"ppqlike": _quantize_ppqlike, "ort": _quantize_ort, "simulate": _simulate}[kind](spec)
+    runners = {"ppqlike": _quantize_ppqlike, "ort": _quantize_ort, "simulate": _simulate,
+               **{tool: peers.quantize_child for tool in peers.PEER_TOOLS}}
+    result = runners[kind](spec)
     print(json.dumps(result), flush=True)
 
 
@@ -340,6 +354,8 @@ def spec_for(config: Config, model: str, calib_images: int, batch: int, output: 
     if config.tool == "ppqlike":
         spec.update(platform=config.platform, observer=config.observer, passes=list(config.passes),
                     config=str(output.with_suffix(".json")))
+    elif config.tool in peers.PEER_TOOLS:
+        spec.update(variant=config.method)
     else:
         spec.update(method=config.method, per_channel=bool(config.per_channel))
     return spec

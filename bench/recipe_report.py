@@ -1,13 +1,25 @@
 """The recipes section of docs/BENCHMARKS.md: every recipe of ORT_INT8, TRT_INT8 and TPU_INT8 beside
-onnxruntime's quantize_static in one table over the models, and issue 13's goals read against it."""
+onnxruntime's quantize_static and the peer quantizers (NNCF, ModelOpt, Quark) in one table over the models,
+issue 13's goals read against it, and each recipe row beside the best peer row of its class (issue 33)."""
 
 from __future__ import annotations
+
+import peers
 
 RECIPE_PLATFORMS = ("ORT_INT8", "TRT_INT8", "TPU_INT8")
 RECIPES = (("plain", "recipe:plain"), ("balanced", "default"), ("best", "recipe:best"))
 TARGET_PLATFORMS = ("ORT_INT8", "TRT_INT8")          # accuracy-target rows
 ORT_ROWS = (("MinMax per-channel", "ort:MinMax:per_channel"), ("Entropy per-channel", "ort:Entropy:per_channel"),
             ("Percentile per-channel", "ort:Percentile:per_channel"), ("MinMax per-tensor", "ort:MinMax:per_tensor"))
+PEER_ROWS = tuple((variant.label, variant.key) for variant in peers.PEER_VARIANTS)
+# issue 33: a ppqlike platform's rows are compared with the peers that quantize activations the same way
+ASYMMETRIC_PLATFORMS = ("ORT_INT8", "DSP_INT8")                 # unsigned / asymmetric activations
+SYMMETRIC_PLATFORMS = ("TRT_INT8", "TPU_INT8", "PPL_CUDA_INT8")  # signed symmetric int8
+PEER_CLASSES = {
+    "asymmetric": tuple(v.key for v in peers.PEER_VARIANTS if v.activation_class == "asymmetric")
+    + tuple(key for _, key in ORT_ROWS[:3]),     # onnxruntime's quantize_static: asymmetric int8 activations
+    "symmetric": tuple(v.key for v in peers.PEER_VARIANTS if v.activation_class == "symmetric"),
+}
 EFFICIENTNET = "efficientnet_lite0"
 BALANCED_FLOOR = 0.98            # balanced's agreement on EfficientNet-Lite0
 BEST_AGREEMENT = 0.99            # best's agreement, ORT_INT8 and TRT_INT8
@@ -24,6 +36,8 @@ def _cell(model: dict, key: str) -> str:
     row = model["rows"].get(key)
     if row is None:
         return "–"
+    if "unavailable" in row:
+        return "unavailable"
     if "accuracy" not in row:
         return "failed"
     a, q = row["accuracy"], row["quantization"]
@@ -40,6 +54,7 @@ def _rows() -> list[tuple[str, str]]:
     rows = [(f"{platform} {name}", f"ppqlike:{platform}:{suffix}")
             for platform in RECIPE_PLATFORMS for name, suffix in RECIPES]
     rows += [(f"onnxruntime {label}", key) for label, key in ORT_ROWS]
+    rows += list(PEER_ROWS)
     rows += [(f"{platform} balanced + accuracy target {TARGET_COSINE}", f"ppqlike:{platform}:default+mixed_precision")
              for platform in TARGET_PLATFORMS]
     return rows
@@ -66,7 +81,58 @@ def recipe_section(results: dict) -> list[str]:
     for label, key in _rows():
         if any(key in m["rows"] for m in models):
             lines.append(f"| {label} | " + " | ".join(_cell(m, key) for m in models) + " |")
-    return lines + ["", "Issue 13's goals, read against this table:", ""] + goal_lines(models) + [""]
+    lines += ["", "Issue 13's goals, read against this table:", ""] + goal_lines(models) + [""]
+    return lines + peer_comparison(models)
+
+
+def _platform_class(platform: str) -> str | None:
+    if platform in ASYMMETRIC_PLATFORMS:
+        return "asymmetric"
+    return "symmetric" if platform in SYMMETRIC_PLATFORMS else None
+
+
+def best_peer(model: dict, activation_class: str) -> tuple[str, dict] | None:
+    """The peer row of ``activation_class`` closest to FP32 in this run (agreement, then cosine): (key, accuracy)."""
+    measured = [(key, a) for key in PEER_CLASSES[activation_class] if (a := _accuracy(model, key)) is not None]
+    return max(measured, key=lambda item: (item[1]["agreement"], item[1]["cosine"])) if measured else None
+
+
+def _label_of(key: str) -> str:
+    return dict((k, label) for label, k in (*PEER_ROWS, *((f"onnxruntime {lb}", k) for lb, k in ORT_ROWS)))[key]
+
+
+def peer_comparison(models: list[dict]) -> list[str]:
+    """Each ppqlike recipe row beside the best peer row of its class (issue 33): a table, empty without peers."""
+    if not any(key in m["rows"] for m in models for _, key in PEER_ROWS):
+        return []
+    lines = ["Each ppqlike recipe row beside the best peer row of its class in this run (closest to FP32: top-1 "
+             "agreement, then cosine). Classes: unsigned/asymmetric activations (ORT_INT8, DSP_INT8) against NNCF "
+             "MIXED, Quark U8S8 and onnxruntime's per-channel rows; signed symmetric int8 (TRT_INT8, TPU_INT8, "
+             "PPL_CUDA_INT8) against ModelOpt, Quark A8W8 and NNCF's default (PERFORMANCE: symmetric, but each "
+             "non-negative tensor unsigned: uint8 with zero point 0). Both NNCF rows also quantize each depthwise "
+             "Conv's input per channel (its CPU hardware config), which neither onnxruntime's QLinearConv nor "
+             "TensorRT runs as an integer kernel. Each cell: ppqlike agreement / cosine vs the "
+             "peer's, the peer, and the difference in agreement (negative: ppqlike is behind).", "",
+             "| ppqlike row | class | " + " | ".join(m["title"] for m in models) + " |",
+             "|---|---|" + "---|" * len(models)]
+    for platform in (*ASYMMETRIC_PLATFORMS, *SYMMETRIC_PLATFORMS):
+        activation_class = _platform_class(platform)
+        for name, suffix in RECIPES:
+            key = f"ppqlike:{platform}:{suffix}"
+            if not any(key in m["rows"] for m in models):
+                continue
+            cells = []
+            for model in models:
+                mine, peer = _accuracy(model, key), best_peer(model, activation_class)
+                if mine is None or peer is None:
+                    cells.append("–")
+                    continue
+                theirs = peer[1]
+                cells.append(f"{mine['agreement']:.3f} / {mine['cosine']:.4f} vs {theirs['agreement']:.3f} / "
+                             f"{theirs['cosine']:.4f} {_label_of(peer[0])} "
+                             f"({mine['agreement'] - theirs['agreement']:+.3f})")
+            lines.append(f"| {platform} {name} | {activation_class} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _best_ort(model: dict) -> tuple[str, float] | None:

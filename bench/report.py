@@ -268,8 +268,13 @@ def _f(value, digits=3, suffix=""):
 def _activation(row: dict) -> str:
     child = _get(row, "quantization", "child") or {}
     text = child.get("activation", "")
-    return {"asymmetric uint8": "u8 asym", "symmetric int8": "s8 sym", "symmetric uint8": "u8 sym",
-            "asymmetric int8": "s8 asym", "asymmetric int8 (QInt8)": "s8 asym"}.get(text, text or "–")
+    short = {"asymmetric uint8": "u8 asym", "symmetric int8": "s8 sym", "symmetric uint8": "u8 sym",
+             "asymmetric int8": "s8 asym", "asymmetric int8 (QInt8)": "s8 asym",
+             "uint8 [0, max] (zero point 0)": "u8 [0,max]"}
+    if text.startswith("mixed: "):   # a peer's model with several kinds (bench/peers.py: qdq_summary)
+        return " + ".join(f"{part.split(' ', 1)[0]} {short.get(part.split(' ', 1)[1], part.split(' ', 1)[1])}"
+                          for part in text[len("mixed: "):].split(", "))
+    return short.get(text, text or "–")
 
 
 def _kernel_counts(row: dict) -> str:
@@ -307,6 +312,9 @@ def model_table(model: dict) -> list[str]:
             lines.append(f"| {label} | ≡ the default row above (the preset's observer is already "
                          f"{row['config'].get('resolved_observer')}): run once | | | | | | | | | | | | | |")
             continue
+        if "unavailable" in row:
+            lines.append(f"| {label} | | | unavailable: {row['unavailable'][:160]} | | | | | | | | | | | |")
+            continue
         if not _ok(row):
             lines.append(f"| {label} | | | failed: {str(_get(row, 'quantization', 'error', default='?'))[:120]} "
                          "| | | | | | | | | | | |")
@@ -343,9 +351,12 @@ def _time_breakdown(model: dict) -> list[str]:
             inner = f"calibration {_f(calibration, 1)}" + (f", {others}" if others else "") \
                 + f" (quantize_onnx_model {child['quantize_seconds']:.1f})"
             export = _f(child.get("export_seconds"), 1)
-        else:
+        elif row["config"]["tool"] == "ort":
             inner = f"pre-process {child['preprocess_seconds']:.1f} + quantize_static {child['quantize_seconds']:.1f}"
             export = "(in quantize_static)"
+        else:  # a peer: its quantize call, which writes the model (NNCF's returns it, saved apart)
+            inner = f"{child.get('call', row['config']['tool']).split('(')[0]} {child['quantize_seconds']:.1f}"
+            export = _f(child.get("save_seconds"), 1) if "save_seconds" in child else "(in the call)"
         sim = _f(_get(row, "simulation", "seconds"), 1) if row["config"]["tool"] == "ppqlike" else ""
         lines.append(f"| {_label(row)} | {q['wall_seconds']:.1f} | {q['cpu_seconds']:.1f} "
                      f"| {child.get('decode_seconds', 0):.1f} | {inner} | {export} | {sim} |")

@@ -35,11 +35,14 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(presets.MODEL_NAMES),
                         help=f"comma-separated, of {', '.join(presets.MODEL_NAMES)}")
-    parser.add_argument("--tools", default="ppqlike,ort", help="comma-separated: ppqlike, ort")
+    parser.add_argument("--tools", default="ppqlike,ort",
+                        help="comma-separated: ppqlike, ort, and the peers nncf, modelopt, quark ('peers': all "
+                             "three; they run in their own venv, see bench/README.md)")
     parser.add_argument("--configs", default=None,
                         help="comma-separated globs over the configuration keys, e.g. 'ppqlike:*:kl,ort:MinMax:*' "
                              "(keys: ppqlike:<PLATFORM>:<default|kl|observer|recipe:NAME>[+PASS...], "
-                             "ort:<MinMax|Entropy|Percentile>:<per_tensor|per_channel>); 'all' for every row; "
+                             "ort:<MinMax|Entropy|Percentile>:<per_tensor|per_channel>, nncf:<default|mixed>, "
+                             "modelopt:<entropy|max>, quark:<u8s8_pc|a8w8_pc>); 'all' for every row; "
                              "default: the recipe rows beside onnxruntime (matrix.DEFAULT_CONFIGS)")
     parser.add_argument("--calib-images", type=int, default=200, help="calibration images (of 200)")
     parser.add_argument("--dev-images", type=int, default=300, help="evaluation images (of 300)")
@@ -59,9 +62,12 @@ def parse_args(argv=None):
         unknown = [m for m in args.model_list if m not in presets.PRESETS]
         if unknown:
             parser.error(f"unknown model(s) {unknown}; choose from {', '.join(presets.MODEL_NAMES)}")
-        args.tool_list = [t.strip() for t in args.tools.split(",") if t.strip()]
-        if not set(args.tool_list) <= {"ppqlike", "ort"}:
-            parser.error("--tools takes ppqlike and/or ort")
+        import peers
+        args.tool_list = [tool for t in args.tools.split(",") if t.strip()
+                          for tool in (peers.PEER_TOOLS if t.strip() == "peers" else (t.strip(),))]
+        known = {"ppqlike", "ort", *peers.PEER_TOOLS}
+        if not set(args.tool_list) <= known:
+            parser.error(f"--tools takes {', '.join(sorted(known))} (or peers)")
         args.config_list = matrix.select(matrix.all_configs(args.tool_list), args.configs)
     return args
 
@@ -80,6 +86,7 @@ def run_model(model: str, args, workdir: Path, log, progress=None) -> dict:
 
     import matrix
     import metrics
+    import peers
     import presets
 
     preset = presets.PRESETS[model]
@@ -102,6 +109,11 @@ def run_model(model: str, args, workdir: Path, log, progress=None) -> dict:
         if config.same_as is not None and config.same_as in rows:
             row["same_as"] = config.same_as
             log(f"[{model}] {config.key}: identical to {config.same_as} (not run twice)")
+            continue
+        reason = peers.unavailable(config.tool) if config.tool in peers.PEER_TOOLS else None
+        if reason is not None:
+            row["unavailable"] = reason
+            log(f"[{model}] {config.key}: unavailable: {reason}")
             continue
         output = workdir / f"{model}__{config.key.replace(':', '_')}.onnx"
         spec = matrix.spec_for(config, model, args.calib_images, args.batch, output)
@@ -167,7 +179,10 @@ def main(argv=None) -> None:
         print(f"{time.perf_counter() - started:7.1f}s {message}", flush=True)
 
     log(f"{environment['cores']} cores, load {environment['load_start']}; work folder {workdir}")
+    import peers
+    peer_tools = [tool for tool in args.tool_list if tool in peers.PEER_TOOLS]
     results = {"command": command, "environment": environment, "models": [],
+               "notes": [peers.versions_note(peer_tools)] if peer_tools else [],
                "options": {"calib_images": args.calib_images, "dev_images": args.dev_images,
                            "sim_images": args.sim_images, "batch": args.batch, "repetitions": args.repetitions}}
     try:

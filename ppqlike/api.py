@@ -128,12 +128,13 @@ def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
     and the protection pass measure on it).  When the data's length is unknown or too short, nothing is
     held aside (those measures then run on calibration batches, and their reports say so)."""
     held = setting.mixed_precision_batches if setting.accuracy_target is not None else 1
-    total = calib_steps
-    if total is None:
-        try:
-            total = len(batches)
-        except TypeError:
-            return batches, calib_steps, None
+    try:
+        available = len(batches)
+    except TypeError:
+        available = None
+    total = calib_steps if calib_steps is not None else available
+    if total is None or (available is not None and total > available):   # unknown, or too few (calibration says)
+        return batches, calib_steps, None
     if total <= held or (setting.accuracy_target is None and total < HOLD_ASIDE_FROM):
         return batches, calib_steps, None
     return _BatchRange(batches, 0, total - held), total - held, _BatchRange(batches, total - held, total)

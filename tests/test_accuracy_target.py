@@ -110,8 +110,9 @@ def test_int16_layers_export_to_opset_21_and_onnxruntime_computes_the_simulation
 def test_mobilenetv2_reaches_the_target_on_held_aside_images_with_few_int16_ops():
     images, _, _ = load_images("mobilenetv2", "calib", 40)
     calibration, held = [images[i:i + 8] for i in range(0, 32, 8)], images[32:]
+    # the plain recipe (min-max ranges, no protection): balanced keeps MobileNetV2 above 0.99 without a move
     graph = _quantize(str(PRESETS["mobilenetv2"].path), "ORT_INT8", 0.99, calibration,
-                      recipe="balanced", mixed_precision_batches=2)
+                      recipe="plain", mixed_precision_batches=2)
     moved = graph.metadata["quantization"]
     assert moved["mixed_precision_fp32_ops"] == [] and 0 < len(moved["mixed_precision_int16_ops"]) <= 12
     report = _mixed_precision_report(graph)

@@ -170,7 +170,9 @@ def test_bad_control_flow_is_refused_clearly():
     mapped = build([helper.make_node("SequenceMap", ["seq"], ["out"], body=body)],
                    [helper.make_tensor_sequence_value_info("seq", T.FLOAT, [2])],
                    [helper.make_tensor_sequence_value_info("out", T.FLOAT, None)], opset=17)
-    with pytest.raises(ModelLoadError, match="subgraphs of If, Loop, Scan only"):
+    mapped.graph.node[0].domain = "com.example"   # a subgraph of an op ppqlike does not know
+    mapped.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(ModelLoadError, match="subgraphs of If, Loop, Scan, SequenceMap only"):
         load_onnx_graph(mapped)
 
 

@@ -91,7 +91,7 @@ def test_quantized_opset_11_exports_and_matches_the_simulation(model_path, platf
 
 def test_sixteen_bit_configs_raise_the_export_to_opset_21(model_path):
     """A 16-bit activation needs opset 21: the Reduce ops' axes become inputs (opset 18) on the way."""
-    graph = _quantized(model_path, "TRT_INT8", opset=12)
+    graph = _quantized(model_path, "PPL_CUDA_INT8", opset=12)
     configs = [config for operation in graph.operations.values() if operation.config is not None
                for config in operation.config.output_quantization_config if is_applied(config.state)]
     configs[0].num_of_bits = 16  # [-32768, 32767], same scale: a finer grid for one tensor

@@ -118,8 +118,11 @@ def test_export_matches_simulation(model_dir, platform):
     assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [13]
     assert report["rounding_mismatch"] is None
     result = assert_matches_simulation(graph, model)
-    exact = result["end_to_end"]["disable"]["y"]["exact"]
-    assert exact >= 0.99, result  # a shallow graph: float noise flips almost nothing
+    stats = result["end_to_end"]["disable"]["y"]
+    if platform == "TRT_INT8":   # TensorRT's placement leaves the output float: only float noise differs
+        assert stats["max_steps"] <= 1e-3 and stats["cosine"] >= 0.999999, result
+    else:
+        assert stats["exact"] >= 0.99, result  # a shallow graph: float noise flips almost nothing
 
 
 @pytest.mark.parametrize("options", [dict(qdq_per_consumer=True), dict(uint8_activations=True),
@@ -157,9 +160,10 @@ def _consumer_edges(graph, variable):
 def test_exactly_the_simulated_quantization_points(model_dir, simplify):
     """One pair per applied activation config, none for OVERLAPPED ones; without the simplify pass a
     tensor is quantized twice (producer output, then the consumer's input) and exported so."""
-    setting = QuantizationSettingFactory.trt_setting()
+    setting = QuantizationSettingFactory.for_platform("PPL_CUDA_INT8")   # signed int8, every output quantized
+    setting.add_alignment = "none"
     setting.simplify = False if not simplify else setting.simplify
-    graph = quantized(model_dir, "TRT_INT8", setting=setting)
+    graph = quantized(model_dir, "PPL_CUDA_INT8", setting=setting)
     slots = applied_activation_slots(graph)
     inputs_applied = [s for s in slots if s[1] == "input"]
     if simplify:  # the graph input, and the Concat input r1 (read elsewhere too: requantized on its edge)
@@ -359,7 +363,7 @@ def test_graph_input_read_by_two_ops_is_exported_as_simulated(tmp_path):
 def test_narrow_activation_range_is_clamped_exactly(model_dir):
     """A range narrower than its storage type ([-127, 127] in int8) gets a Clip after the
     DequantizeLinear at the grid's ends, so the export clamps where the simulation does."""
-    graph = api.quantize_onnx_model(str(model_dir / "small.onnx"), CALIB, platform="TRT_INT8")
+    graph = api.quantize_onnx_model(str(model_dir / "small.onnx"), CALIB, platform="PPL_CUDA_INT8")
     config = graph.operations["concat"].config.output_quantization_config[0]
     assert config.state is S.ACTIVATED  # master of the Conv output 'c' and of the Concat's input r1
     config.set_range(-127, 127)

@@ -105,3 +105,56 @@ def test_out_of_range_positions_are_execution_errors():
                        [const("p", np.int64(2))], 13)
     with pytest.raises(ExecutionError, match="position 2 is out of range for a sequence of 2"):
         NumpyExecutor(load_onnx_graph(onnx_model)).forward(dict(zip("ab", arrays(3, (2,), (2,)))))
+
+
+@pytest.mark.parametrize("opset", [17, 18, 21])
+@pytest.mark.parametrize("extra", ["sequence", "tensor"])
+def test_sequence_map_runs_its_body_per_element(opset, extra):
+    """SequenceMap: the body reads element i of each sequence input (or the whole tensor input) and a value
+    of the enclosing scope; each body output is collected into an output sequence."""
+    body = helper.make_graph([helper.make_node("Mul", ["item", "other"], ["scaled"]),
+                              helper.make_node("Add", ["scaled", "bias"], ["shifted"]),
+                              helper.make_node("ReduceSum", ["shifted"], ["total"], keepdims=0)], "body",
+                             [vi("item", shape=None), vi("other", shape=None)],
+                             [vi("shifted", shape=None), vi("total", shape=None)])
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["items"], axis=0, keepdims=0),
+             helper.make_node("Neg", ["w"], ["bias"])]
+    if extra == "sequence":
+        nodes.append(helper.make_node("SplitToSequence", ["z"], ["others"], axis=0, keepdims=0))
+    nodes += [helper.make_node("SequenceMap", ["items", "others" if extra == "sequence" else "z"],
+                               ["mapped", "totals"], body=body),
+              helper.make_node("ConcatFromSequence", ["mapped"], ["y"], axis=0, new_axis=1)]
+    z_shape = [4, 3] if extra == "sequence" else [3]
+    onnx_model = model(nodes, [vi("x", shape=[4, 3]), vi("z", shape=z_shape)], [vi("y", shape=[4, 3]), seq("totals")],
+                       [const("w", np.float32([0.5, -1.0, 2.0]))], opset)
+    x, z = arrays(4, (4, 3), tuple(z_shape))
+    run_both(onnx_model, {"x": x, "z": z})
+
+
+@pytest.mark.parametrize("opset", [15, 18, 21])
+@pytest.mark.parametrize("filled", [True, False])
+def test_optional_has_and_get_element(opset, filled):
+    """Optional wraps a tensor (or nothing); OptionalHasElement says which; an If takes the element or a
+    default, as exporters write a None-able argument."""
+    then_branch = helper.make_graph([helper.make_node("OptionalGetElement", ["maybe"], ["got"])], "then", [],
+                                    [vi("got", shape=[3])])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["x"], ["fallback"])], "else", [],
+                                    [vi("fallback", shape=[3])])
+    nodes = [helper.make_node("Optional", ["x2"] if filled else [], ["maybe"],
+                              **({} if filled else {"type": helper.make_tensor_type_proto(T.FLOAT, [3])})),
+             helper.make_node("OptionalHasElement", ["maybe"], ["has"]),
+             helper.make_node("If", ["has"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    if filled:
+        nodes.insert(0, helper.make_node("Mul", ["x", "x"], ["x2"]))
+    onnx_model = model(nodes, [vi("x", shape=[3])], [vi("y", shape=[3]), vi("has", T.BOOL, [])], [], opset)
+    got = run_both(onnx_model, {"x": arrays(5, (3,))[0]})
+    assert bool(got[1]) is filled
+
+
+def test_getting_the_element_of_an_empty_optional_is_an_execution_error():
+    nodes = [helper.make_node("Optional", [], ["maybe"], type=helper.make_tensor_type_proto(T.FLOAT, [3])),
+             helper.make_node("OptionalGetElement", ["maybe"], ["y"]),
+             helper.make_node("Add", ["y", "x"], ["z"])]
+    onnx_model = model(nodes, [vi("x", shape=[3])], [vi("z", shape=[3])], [], 18)
+    with pytest.raises(ExecutionError, match="the optional is empty"):
+        NumpyExecutor(load_onnx_graph(onnx_model)).forward({"x": arrays(6, (3,))[0]})

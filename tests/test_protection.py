@@ -55,7 +55,10 @@ def _data(batches: int = 5, size: int = 16) -> list[np.ndarray]:
 
 
 def _quantize(model, platform: str, protection: bool):
+    """Quantized with the plain recipe (the platform's own ranges) and the protection on or off (balanced
+    turns it on)."""
     setting = QuantizationSettingFactory.for_platform(platform)
+    setting.recipe = "plain"
     setting.protection = protection
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -202,12 +202,13 @@ def test_report_points_where_a_fix_helps_and_says_how_it_measured(tmp_path):
     path = tmp_path / "clipped_model.onnx"
     onnx.save(model, str(path))
     data = [rng.standard_normal((8, 3, 4, 4)).astype(np.float32)]
-    setting = ppqlike.QuantizationSettingFactory.for_platform("TRT_INT8", recipe="plain")  # KL ranges
-    graph = ppqlike.quantize_onnx_model(str(path), data, platform="TRT_INT8", setting=setting)
+    # PPL CUDA: TensorRT's KL ranges, with every output quantized (TensorRT's placement leaves the last float)
+    setting = ppqlike.QuantizationSettingFactory.for_platform("PPL_CUDA_INT8", recipe="plain")
+    graph = ppqlike.quantize_onnx_model(str(path), data, platform="PPL_CUDA_INT8", setting=setting)
     analysis = graphwise_error_analyse(graph, data, verbose=False)
     assert analysis["conv"] < analysis["clip"]  # the Conv's own output carries the clipped-away range
     assert worst_visible(analysis, graph)[0] == "clip"
-    exported = ppqlike.export_ppq_graph(graph, "TRT_INT8", str(tmp_path / "q.onnx"))[0]
+    exported = ppqlike.export_ppq_graph(graph, "PPL_CUDA_INT8", str(tmp_path / "q.onnx"))[0]
     stages = compare_stages(str(path), graph, exported, data[0])
     page = render_report(graph, analysis, stages)
     assert "worst op as its consumers see it: clip" in page
@@ -216,7 +217,7 @@ def test_report_points_where_a_fix_helps_and_says_how_it_measured(tmp_path):
     assert "clipped_model.onnx" in page.split("</title>")[0] and "torch-jit-export" not in page.split("</h1>")[0]
     assert "(platform default)" in page and "activation_observer" in page
     observer = graph.metadata["quantization"]["effective_setting"]["activation_observer"]
-    assert observer == "kl"  # TensorRT's preset, shown instead of None
+    assert observer == "kl"  # the preset's, shown instead of None
     ran = [p["name"] for p in graph.metadata["quantization"]["passes"]]
     section = page[page.index("What the passes did"):]
     positions = [section.index(f"<tr><td><b>{name}</b>") for name in ran]

@@ -26,9 +26,12 @@ def _layer_norm_results(graph) -> list[str]:
     return [b.result for b in find_transformer_blocks(graph) if b.kind == "LayerNorm"]
 
 
-@pytest.mark.parametrize("layer_norm", ["pytorch", "op"])
+@pytest.mark.parametrize("layer_norm", ["pytorch", "op", "e_x2", "e_x2_reduce_sum", "keras", "rms", "rms_pow",
+                                        "rms_div"])
 @pytest.mark.parametrize("alpha", [None, 0.5])
 def test_fp32_outputs_unchanged_and_ranges_lowered(layer_norm, alpha):
+    """Every spelling: gamma and beta (gamma alone for an RMSNorm; TensorFlow's beta - mean * k included) divided,
+    the next weights multiplied, the function the same."""
     model = encoder_model(layer_norm)
     graph = load_graph(model)
     results = _layer_norm_results(graph)
@@ -95,9 +98,10 @@ def test_setting_runs_it_in_the_pipeline_and_the_export_matches():
     setting.smooth_quant = True
     graph = api.quantize_onnx_model(encoder_model(), CALIB, platform="TRT_INT8", setting=setting)
     passes = {p["name"]: p["report"] for p in graph.metadata["quantization"]["passes"]}
-    assert passes["smooth_quant"]["smoothed"] == 2
+    layer_norms = [d for d in passes["smooth_quant"]["layer_norms"] if "layer_norm" in d]
+    assert len(layer_norms) == 2 and all(d["alpha"] is not None for d in layer_norms)
     names = [p["name"] for p in graph.metadata["quantization"]["passes"]]
-    assert names.index("smooth_quant") < names.index("parameter")
+    assert names.index("smooth_quant") < names.index("placement") < names.index("parameter")
     with pytest.raises(PlatformError, match="smooth_quant_alpha"):
         setting.smooth_quant_alpha = 1.5
         setting.validate()

@@ -22,7 +22,7 @@ from ..core.ir import Graph
 from ..executor import NumpyExecutor
 from ..executor.simulation import dequantized
 from ..optim.passes.precision_moves import find_units
-from ..optim.passes.sensitivity import AloneRunner, sample_cosines
+from ..optim.passes.sensitivity import AloneRunner, leading_samples, sample_cosines
 
 VERDICT_THRESHOLD = 0.98
 
@@ -47,7 +47,7 @@ def quantization_verdict(graph: Graph, executor: NumpyExecutor, batch, held_asid
     """The output cosine of ``graph`` against FP32 on ``batch`` (at most ``samples`` samples) and, below
     ``threshold``, the ``worst`` ops and advice, also issued as a :class:`QuantizationQualityWarning`."""
     started = time.perf_counter()
-    batch = _limited(batch, samples)
+    batch = leading_samples(batch, samples)
     quantized = executor.forward(batch)
     with dequantized(graph):
         reference = executor.forward(batch)

@@ -1,9 +1,10 @@
-"""Subgraphs (bodies) of the control-flow ops If, Loop and Scan.
+"""Subgraphs (bodies) of the control-flow ops If, Loop, Scan and SequenceMap.
 
 A body is a :class:`~ppqlike.core.ir.Graph` of the same IR, held in the op's attributes
 (``attributes["then_branch"]``, ``["else_branch"]`` of If, ``["body"]`` of Loop and Scan), with its
 own ``inputs`` and ``outputs`` (Loop: iteration number, condition, loop-carried values in;
-condition, carried values, scan outputs out; Scan: states and one slice of each scan input in).
+condition, carried values, scan outputs out; Scan: states and one slice of each scan input in;
+SequenceMap: one element of each sequence input, or the whole tensor input, in).
 
 A body may read values of the enclosing scope by name: those are its *captures*, variables of the
 body that nothing in it produces, that are no parameter and no body input (:func:`captures`).  The
@@ -26,7 +27,8 @@ if TYPE_CHECKING:  # the IR imports this module
     from .ir import Graph, Operation, Variable
 
 #: Op type -> the attributes holding its bodies.
-BODY_ATTRIBUTES = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
+BODY_ATTRIBUTES = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",),
+                   "SequenceMap": ("body",)}
 CONTROL_FLOW_TYPES = frozenset(BODY_ATTRIBUTES)
 
 
@@ -52,13 +54,14 @@ def has_bodies(operation: "Operation") -> bool:
 def explicit_input_count(operation: "Operation") -> int:
     """How many of ``operation.inputs`` are its ONNX inputs (the rest are implicit: values its bodies
     read from the enclosing scope).  If: the condition; Loop: max trip count, condition and one per
-    carried value (as many as its body's inputs); Scan: states and scan inputs (as its body's)."""
+    carried value (as many as its body's inputs); Scan: states and scan inputs (as its body's);
+    SequenceMap: the sequence and the additional inputs (one per body input)."""
     if not has_bodies(operation):
         return len(operation.inputs)
     if operation.type == "If":
         return 1
     body = operation.attributes.get("body")
-    if operation.type in ("Loop", "Scan") and is_graph(body):
+    if operation.type in ("Loop", "Scan", "SequenceMap") and is_graph(body):
         return len(body.inputs)
     raise GraphError(f"{operation.type} node {operation.name!r} holds a subgraph, which ppqlike reads only "
                      f"for {sorted(BODY_ATTRIBUTES)}")

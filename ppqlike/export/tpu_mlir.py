@@ -10,7 +10,9 @@ TPU-MLIR derives the int8 scale as ``threshold / 127``, so ``threshold = scale *
 ppqlike's scale (symmetric int8, zero point 0).  ``min``/``max`` are the range observed during
 calibration when the config records one in ``config.detail`` (keys ``min``/``max``), else
 ``-threshold``/``threshold``; for asymmetric configs they are the grid's ends S*(qmin-Z),
-S*(qmax-Z) and the threshold is the larger magnitude.  Tensor names are the ONNX tensor names,
+S*(qmax-Z) and the threshold is the larger magnitude: an unsigned symmetric config ([0, 255], zero point
+0, made for a tensor whose calibration minimum is >= 0) is written with min 0 and threshold S * 255, from
+which TPU-MLIR makes the same uint8 type (sign = min < 0, scale = threshold / 255).  Tensor names are the ONNX tensor names,
 which TPU-MLIR uses as op names.
 
 Quantize table (``--quantize_table``): ``<op output tensor> <mode>`` lines, here ``F32`` for every

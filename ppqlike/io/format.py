@@ -32,7 +32,7 @@ RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "Ra
 #: Ops never folded: random ones, and those whose outputs are sequences or optionals.
 UNFOLDABLE_OPS = RANDOM_OPS | frozenset({
     "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceAt", "SequenceErase",
-    "SequenceLength", "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalGetElement",
+    "SequenceLength", "SplitToSequence", "ConcatFromSequence", "SequenceMap", "Optional", "OptionalGetElement",
     "OptionalHasElement"})
 
 

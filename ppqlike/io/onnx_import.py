@@ -37,7 +37,7 @@ def read_model(source: Any, arrays: dict | None = None) -> onnx.ModelProto:
     """Load and check a ModelProto from a path, bytes or a ModelProto (ModelLoadError, GraphError).
 
     Checks, in order: the bytes parse, external data files are inside the model's folder and long
-    enough, the default-domain opset is one ppqlike reads (11-21), every node
+    enough, the default-domain opset is one ppqlike reads (11-23), every node
     of the default domain is a known ONNX operator, every node input is
     produced, the nodes form no cycle, then ``onnx.checker``; then external data is read: into
     ``arrays`` when given (for :func:`graph_from_model`; the proto keeps its references), else into
@@ -85,7 +85,7 @@ def read_model(source: Any, arrays: dict | None = None) -> onnx.ModelProto:
 
 
 def _default_opset(model: onnx.ModelProto, where: str) -> int:
-    """The model's default-domain opset; a ModelLoadError when missing or outside 11-21."""
+    """The model's default-domain opset; a ModelLoadError when missing or outside 11-23."""
     opset = None
     for entry in model.opset_import:
         if entry.domain in DEFAULT_DOMAINS:

@@ -20,7 +20,7 @@ from ..io.files import atomic_write_bytes, read_json
 from ..platforms.target import TargetPlatform
 from .ppq_setting import DispatchingTable, PPQSettingViews
 
-_OBSERVERS = ("minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search")
+_OBSERVERS = ("minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search", "auto")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
 _EQUALIZATION_CLIP = ("exact", "skip")
 _RECIPES = ("plain", "balanced", "best")  # what each does: ppqlike.optim.recipe.RECIPES (a test keeps them equal)
@@ -69,7 +69,9 @@ class QuantizationSetting(PPQSettingViews):
     ``weight_per_channel`` (None: the platform's), ``add_alignment`` (None:
     the platform's; 'none' | 'larger' | 'output'), ``concat_alignment``, ``recurrent`` (None: the
     platform's; 'float': LSTM/GRU/RNN run in float, 'quantize': their input and outputs quantized, float
-    inside; see PlatformPolicy),
+    inside; see PlatformPolicy), ``placement`` (None: the platform's; 'every_output': every quantized op's
+    outputs, 'compute_inputs': only what Conv/Gemm/MatMul read and residual skips, see
+    ppqlike.optim.passes.placement),
     ``search_batches`` (batches the TPU-style search evaluates on);
     ``calibration_backend`` 'local' or 'ray' with ``calibration_workers`` Ray workers (the
     batches sharded, the observers merged exactly: the same scales as 'local').
@@ -118,6 +120,7 @@ class QuantizationSetting(PPQSettingViews):
     add_alignment: str | None = None
     concat_alignment: bool = True
     recurrent: str | None = None
+    placement: str | None = None
     search_batches: int = 1
     calibration_backend: str = "local"
     calibration_workers: int = 2
@@ -161,6 +164,9 @@ class QuantizationSetting(PPQSettingViews):
         if self.add_alignment not in (None, "none", "larger", "output"):
             raise PlatformError(f"setting.add_alignment {self.add_alignment!r} is unknown; "
                                 "choose 'none', 'larger' or 'output'")
+        if self.placement not in (None, "every_output", "compute_inputs"):
+            raise PlatformError(f"setting.placement {self.placement!r} is unknown; choose 'every_output' or "
+                                "'compute_inputs'")
         if self.recurrent not in (None, "float", "quantize"):
             raise PlatformError(f"setting.recurrent {self.recurrent!r} is unknown; choose 'float' or 'quantize'")
         if self.equalization_clip not in _EQUALIZATION_CLIP:

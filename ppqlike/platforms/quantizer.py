@@ -39,6 +39,7 @@ class TensorPolicy:
     narrow_range: bool = False       # [-127, 127] instead of [-128, 127]
     power_of_2: bool = False
     observer: str = "minmax"
+    unsigned_non_negative: bool = False   # a symmetric tensor whose calibration minimum is >= 0 is unsigned
 
     def quant_range(self) -> tuple[int, int]:
         """(quant_min, quant_max) of this policy."""
@@ -66,7 +67,10 @@ BLOCK_TREATMENTS = ("quantize", "float")
 
 @dataclass(frozen=True)
 class TransformerPolicy:
-    """What a platform does with each kind of transformer block (values from :data:`BLOCK_TREATMENTS`)."""
+    """What a platform does with each kind of transformer block (values from :data:`BLOCK_TREATMENTS`).
+
+    ``layer_norm`` covers RMSNorm too (a LayerNorm block of form ``rms_norm``), and ``gelu`` every form of GELU
+    (erf, tanh, quick): the targets treat them alike."""
 
     layer_norm: str = "float"
     gelu: str = "quantize"
@@ -131,6 +135,7 @@ class PlatformPolicy:
     #                                             None: those layers fall back to FP32
     exporter: str = "qdq_onnx"
     placement: str = "every_output"             # or 'compute_inputs' (TensorRT): ppqlike.optim.passes.placement
+    transformer_placement: str | None = None    # the placement of a graph with LayerNorms (None: ``placement``)
     transformer: TransformerPolicy = TransformerPolicy()
     recurrent: str = "float"                    # LSTM, GRU, RNN: 'float' or 'quantize' (class docstring)
     description: str = ""

@@ -1,4 +1,4 @@
-"""Kernels of the control-flow family: If, Loop and Scan (opsets 11-23).
+"""Kernels of the control-flow family: If, Loop, Scan and SequenceMap (opsets 11-23).
 
 Each runs its body (a Graph in the op's attributes, :mod:`ppqlike.core.subgraphs`) with a nested
 :class:`~ppqlike.executor.NumpyExecutor` built once per body (``body=True``: it takes the values the
@@ -182,4 +182,32 @@ def _scan(op, opset):
     return kernel
 
 
-KERNELS = {"If": _if, "Loop": _loop, "Scan": _scan}
+def _sequence_map(op, opset):
+    """SequenceMap: the body runs once per element of the first input (a sequence); each further input is
+    a sequence of the same length (element i read at run i) or a tensor (read whole at every run); each
+    body output is collected into an output sequence."""
+    attribute(op, "body")
+    bodies = _Bodies()
+
+    def kernel(inputs):
+        body = op.attributes["body"]
+        count = len(body.inputs)
+        given = list(inputs[:count])
+        length = len(given[0])
+        for position, value in enumerate(given[1:], 1):
+            if isinstance(value, list) and len(value) != length:
+                raise ExecutionError(f"SequenceMap node {op.name!r}: input {position} is a sequence of {len(value)} "
+                                     f"tensors, the first {length}")
+        scope = _scope(op, inputs, body)
+        names = [v.name for v in body.inputs]
+        collected: list[list] = [[] for _ in body.outputs]
+        for step in range(length):
+            values = dict(scope)
+            values.update(zip(names, [value[step] if isinstance(value, list) else value for value in given]))
+            for stack, value in zip(collected, bodies.run(body, values)):
+                stack.append(value)
+        return collected
+    return kernel
+
+
+KERNELS = {"If": _if, "Loop": _loop, "Scan": _scan, "SequenceMap": _sequence_map}

@@ -1,5 +1,5 @@
 """Kernels of the indexing family: Gather, GatherElements, GatherND, ScatterND,
-ScatterElements, NonZero, OneHot.  Negative indices count from the end of their axis."""
+ScatterElements, NonZero (OneHot is in selection.py).  Negative indices count from the end of their axis."""
 
 from __future__ import annotations
 
@@ -112,20 +112,7 @@ def _nonzero(op, opset):
     return kernel
 
 
-def _one_hot(op, opset):
-    axis = int(attribute(op, "axis", -1))
-
-    def kernel(inputs):
-        indices, depth, values = np.asarray(inputs[0]), int(np.asarray(inputs[1]).reshape(-1)[0]), inputs[2]
-        a = normalize_axis(axis, indices.ndim + 1)
-        wrapped = np.where(indices < 0, indices + depth, indices).astype(np.int64)
-        hot = wrapped[..., None] == np.arange(depth)   # out-of-range indices: no hot position
-        return [np.moveaxis(np.where(hot, values[1], values[0]).astype(values.dtype), -1, a)]
-    return kernel
-
-
 KERNELS: dict = {
-    "OneHot": _one_hot,
     "Gather": _gather,
     "GatherElements": _gather_elements,
     "GatherND": _gather_nd,

@@ -185,7 +185,8 @@ def _run_direction(cell: _Cell, d: int, x, w, r, b, lengths, h, c, p):
     elif cell.reverse[d]:
         projected = projected[::-1]
     for t in range(steps):
-        h_new, c_new = step_function(cell, acts, projected[t], h, c, r_t, extra)
+        with np.errstate(over="ignore", invalid="ignore"):   # an unbounded cell overflows as onnxruntime's does
+            h_new, c_new = step_function(cell, acts, projected[t], h, c, r_t, extra)
         if lengths is None:
             h, c = h_new, c_new
             y[t] = h

@@ -1,8 +1,9 @@
 """Kernels of the sequence family: SequenceEmpty, SequenceConstruct, SequenceInsert, SequenceAt,
-SequenceErase, SequenceLength, SplitToSequence and ConcatFromSequence (opsets 11-23).
+SequenceErase, SequenceLength, SplitToSequence and ConcatFromSequence (opsets 11-23), and the optional
+ones: Optional, OptionalHasElement and OptionalGetElement (opsets 15-23).
 
 A sequence is a Python list of arrays; kernels never change the list they read (they return a new
-one).  Positions may be negative (counted from the end); one out of range is an ExecutionError.
+one).  An optional is its value, or None when empty (as a missing input is).  Positions may be negative (counted from the end); one out of range is an ExecutionError.
 """
 
 from __future__ import annotations
@@ -101,7 +102,24 @@ def _concat_from_sequence(op, opset):
     return kernel
 
 
+def _optional(op, opset):
+    return lambda inputs: [inputs[0] if inputs else None]
+
+
+def _optional_has_element(op, opset):
+    return lambda inputs: [np.array(bool(inputs) and inputs[0] is not None)]
+
+
+def _optional_get_element(op, opset):
+    def kernel(inputs):
+        if not inputs or inputs[0] is None:
+            raise ExecutionError(f"OptionalGetElement node {op.name!r}: the optional is empty")
+        return [inputs[0]]
+    return kernel
+
+
 KERNELS = {"SequenceEmpty": _sequence_empty, "SequenceConstruct": _sequence_construct,
            "SequenceInsert": _sequence_insert, "SequenceAt": _sequence_at, "SequenceErase": _sequence_erase,
            "SequenceLength": _sequence_length, "SplitToSequence": _split_to_sequence,
-           "ConcatFromSequence": _concat_from_sequence}
+           "ConcatFromSequence": _concat_from_sequence, "Optional": _optional,
+           "OptionalHasElement": _optional_has_element, "OptionalGetElement": _optional_get_element}

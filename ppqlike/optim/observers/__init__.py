@@ -18,6 +18,8 @@ algorithm       range
 ``entropy``     alias of ``kl``
 ``mse``         smallest estimated squared quantization error, histogram
 ``search``      TPU-MLIR threshold tuning: KL, then candidates() / select() by the pass
+``auto``        mean_minmax and mse both kept; the calibration pass keeps the one whose quantized graph is
+                closer to FP32 on held-aside calibration samples
 =============== ==================================================================
 
 Memory does not grow with the number of batches (see ``state_nbytes``);
@@ -32,6 +34,7 @@ from typing import Mapping
 from ppqlike.core.errors import QuantizationPolicyError
 
 from .base import Observer
+from .choice import ChoiceObserver
 from .histogram import HistogramObserver, PercentileObserver, histogram_quantile
 from .kl import KLObserver, SearchObserver, kl_best_bins, kl_divergences
 from .mean_minmax import MeanMinMaxObserver
@@ -39,7 +42,7 @@ from .minmax import MinMaxObserver
 from .mse import MSEObserver
 
 __all__ = ["Observer", "HistogramObserver", "MinMaxObserver", "PercentileObserver", "KLObserver",
-           "MSEObserver", "SearchObserver", "MeanMinMaxObserver", "OBSERVER_TYPES", "make_observer", "histogram_quantile",
+           "MSEObserver", "SearchObserver", "MeanMinMaxObserver", "ChoiceObserver", "OBSERVER_TYPES", "make_observer", "histogram_quantile",
            "kl_best_bins", "kl_divergences"]
 
 OBSERVER_TYPES: Mapping[str, type] = MappingProxyType({
@@ -50,6 +53,7 @@ OBSERVER_TYPES: Mapping[str, type] = MappingProxyType({
     "entropy": KLObserver,
     "mse": MSEObserver,
     "search": SearchObserver,
+    "auto": ChoiceObserver,
 })
 
 

@@ -18,15 +18,18 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ...core import numerics
 from ...core.errors import CalibrationDataError
 from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.op_facts import VALUE_PRESERVING_TYPES
 from ...core.quant_graph import configured_operations, input_config, output_config
 from ...executor import NumpyExecutor, OperationHook
+from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
 from ..distributed import observe_on_ray
-from ..observers import make_observer
+from ..observers import ChoiceObserver, make_observer
+from .sensitivity import leading_samples, sample_cosines, sample_count
 from .threshold_search import search_thresholds
 
 S = QuantizationStates
@@ -128,6 +131,74 @@ def observe_shard(graph: Graph, batches: list) -> list:
     return [observer for _, observer, *_ in observers]
 
 
+def render(observer, unsigned_non_negative: bool = False) -> None:
+    """Write the observer's range into its config.  ``unsigned_non_negative`` (TPU-MLIR's convention): a
+    symmetric per-tensor activation whose calibration minimum is >= 0 takes the unsigned range [0, 2^b - 1]
+    with zero point 0 and scale max / (2^b - 1): twice the steps of [-max, max] for a Relu's output; the
+    others keep (or get back) the signed range."""
+    config = observer.config
+    if unsigned_non_negative and config.policy.symmetric and not config.policy.per_channel:
+        bits = config.num_of_bits
+        if observer.num_values and float(np.min(observer._min)) >= 0:
+            _, high = observer.thresholds()
+            top = 2 ** bits - 1
+            scale, offset = numerics.minmax_to_scale_offset(0.0, high, 0, top, symmetric=False,
+                                                            power_of_2=config.policy.power_of_2,
+                                                            rounding=config.rounding)
+            config.set_range(0, top)
+            config.set_scale_offset(scale, offset)
+            return
+        if config.quant_min == 0:   # made unsigned by an earlier render (another candidate): signed again
+            config.set_range(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    observer.render()
+
+
+#: samples the choice between the 'auto' candidates is measured on (held-aside ones first)
+CHOICE_SAMPLES = 64
+
+
+def _choice_batches(held_aside, first_batches: list) -> list:
+    """Up to CHOICE_SAMPLES samples: the held-aside calibration batches, then the first calibration batches
+    (a choice between two estimators does not overfit the samples it is made on)."""
+    batches, count = [], 0
+    for batch in [*(held_aside if held_aside is not None else ()), *first_batches]:
+        if count >= CHOICE_SAMPLES:
+            break
+        batch = leading_samples(batch, CHOICE_SAMPLES - count)
+        batches.append(batch)
+        count += sample_count(batch)
+    return batches
+
+
+def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, held_aside, first_batches,
+                      unsigned: bool) -> dict:
+    """For the 'auto' observers (observers/choice.py): render every one with each candidate in turn, measure
+    the output error (1 - mean per-sample cosine against FP32) on up to CHOICE_SAMPLES calibration samples
+    (held-aside ones first), and keep the candidate with the smaller error.  Returns what was measured."""
+    choosing = [observer for _, observer, *_ in observers if isinstance(observer, ChoiceObserver)]
+    if not choosing:
+        return {}
+    batches = _choice_batches(held_aside, first_batches)
+    if not batches:
+        return {"observer_chosen": choosing[0].chosen, "observer_errors": {}}
+    with dequantized(graph):
+        references = [executor.forward(batch) for batch in batches]
+    errors = {}
+    for name in choosing[0].candidates:
+        for observer in choosing:
+            observer.choose(name)
+            render(observer, unsigned)
+        cosines = np.concatenate([sample_cosines(executor.forward(b), r) for b, r in zip(batches, references)])
+        error = float(1.0 - np.mean(cosines))
+        errors[name] = error if error == error else float("inf")
+    best = min(errors, key=lambda name: errors[name])   # the first of equals: the candidates' order
+    for observer in choosing:
+        observer.choose(best)
+        render(observer, unsigned)
+    return {"observer_chosen": best, "observer_errors": {k: round(v, 6) for k, v in errors.items()},
+            "observer_chosen_on": int(sum(sample_count(b) for b in batches))}
+
+
 class RuntimeCalibrationPass(QuantizationOptimizationPass):
     """Observe activations on calibration data and render their scales.
 
@@ -139,8 +210,9 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
     name = "calibration"
 
     def __init__(self, search_batches: int = 1, verbose: bool = True, backend: str = "local", workers: int = 2,
-                 terminal_observer: str | None = None):
+                 terminal_observer: str | None = None, unsigned_non_negative: bool = False):
         self.search_batches = search_batches
+        self.unsigned_non_negative = unsigned_non_negative
         self.verbose = verbose
         self.backend, self.workers = backend, workers
         self.terminal_observer = terminal_observer
@@ -152,13 +224,14 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
         observers = watched_observers(graph)
         if not observers:
             return {"observed": 0}
+        choosing = any(isinstance(observer, ChoiceObserver) for _, observer, *_ in observers)
         workers_report = {}
         first_batches = []
         batches = iterate_calibration(dataloader, calib_steps, collate_fn, "calibration", self.verbose)
         if self.backend == "ray":
             batches = list(_checked(batches, graph))
             shards = observe_on_ray(graph, batches, self.workers, observe_shard)
-            first_batches = batches[:self.search_batches]
+            first_batches = batches[:max(self.search_batches, len(batches) if choosing else 0)]
             workers_report = {"workers": len(shards.observers),
                               "worker_seconds": [round(t, 3) for t in shards.worker_seconds],
                               "worker_peak_mib": [round(m, 1) for m in shards.worker_peak_mib]}
@@ -167,16 +240,21 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
                     observer.merge(theirs)
         else:
             hook = observer_hook(observers)
+            kept = 0
             for batch in _checked(batches, graph):
                 executor.forward(batch, hooks=[hook])
-                if len(first_batches) < self.search_batches:
+                if len(first_batches) < self.search_batches or (choosing and kept < CHOICE_SAMPLES):
                     first_batches.append(batch)
+                    kept += sample_count(batch)
         searching = [entry for entry in observers if hasattr(entry[1], "candidates") and hasattr(entry[1], "select")]
         # all searched tensors in one float forward pass per search batch (a tensor no op reads keeps KL)
-        searched = search_thresholds(graph, executor, first_batches, searching) if searching else 0
+        searched = search_thresholds(graph, executor, first_batches[:self.search_batches], searching) \
+            if searching else 0
         for config, observer, operation, side, index in observers:
-            observer.render()
+            render(observer, self.unsigned_non_negative)
             config.state = S.ACTIVATED
+        choice = _choose_observers(graph, executor, observers, kwargs.get("held_aside"), first_batches,
+                                   self.unsigned_non_negative)
         return {"observed": len(observers), "searched": searched, "backend": self.backend, **workers_report,
-                "terminal_observers": terminal,
+                "terminal_observers": terminal, **choice,
                 "observer_bytes": int(sum(o.state_nbytes for _, o, *_ in observers))}

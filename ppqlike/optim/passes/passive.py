@@ -39,6 +39,10 @@ class PassiveParameterQuantizePass(QuantizationOptimizationPass):
                     config.state = S.FP32  # no master to take a scale from: stays float
                     deactivated += 1
                     continue
+                if len(masters) == 1 and (config.quant_min, config.quant_max) != (masters[0].quant_min,
+                                                                                  masters[0].quant_max):
+                    config.set_range(masters[0].quant_min, masters[0].quant_max)   # the master's grid (an
+                    # unsigned one included: a Clip bound of 6 on [-128, 127] at a [0, 255] scale would be ~3)
                 config.dominated_by(masters if len(masters) > 1 else masters[0], S.PASSIVE)
                 linked += 1
         return {"passive": linked, "left_float": deactivated}

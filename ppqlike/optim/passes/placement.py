@@ -1,11 +1,12 @@
 """Placement: which tensors a platform quantizes at all, before any config is linked or calibrated.
 
-Two placements (``PlatformPolicy.placement``):
+Two placements (``PlatformPolicy.placement``, and ``transformer_placement`` for a graph with LayerNorms):
 
 * ``every_output`` (PPQ's, and what integer-only hardware runs: TPU-MLIR, onnxruntime's integer kernels):
   every op on the platform quantizes its outputs; nothing changes here.
 * ``compute_inputs`` (TensorRT's explicit quantization): a tensor is quantized only where an int8 kernel
-  reads it - the activation inputs of Conv, ConvTranspose, Gemm and MatMul - and at the skip input of a
+  reads it - the activation inputs of Conv, ConvTranspose, Gemm and MatMul, and of a recurrent op the
+  platform quantizes (``setting.recurrent='quantize'``) - and at the skip input of a
   residual Add whose other input a computing op writes (possibly through a Relu/Clip) for that Add alone:
   TensorRT then fuses the Add, and the activation, into that op's epilogue, which reads the skip input in
   int8 and adds it to the float accumulator.  Everything else runs in float: a computing op's result is not
@@ -15,16 +16,20 @@ Two placements (``PlatformPolicy.placement``):
 Reads: the INITIAL configs the refine pass left.  Writes: FP32 on the activation configs (inputs and
 outputs) of tensors the placement does not quantize, and on the constant operands of ops other than the
 computing ones (they run in float); weights, biases and passive configs of computing ops are left to the
-passes that follow (a Clip bound whose data input is float stays float, see the passive pass).
+passes that follow (a Clip bound whose data input is float stays float, see the passive pass); an op left
+with nothing quantized is dispatched FP32 (what its platform runs in float: TPU-MLIR's quantize table
+lists it as F32).
 """
 
 from __future__ import annotations
 
 from ...core.errors import PlatformError
 from ...core.ir import Graph, Operation, Variable
-from ...core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS
+from ...core.patterns import LAYER_NORM, find_transformer_blocks
+from ...core.op_facts import COMPUTING_TYPES, FUSABLE_ACTIVATIONS, RECURRENT_TYPES
 from ...core.quant import QuantizationStates
 from ...platforms import slots
+from ...platforms.target import TargetPlatform
 from ..base import QuantizationOptimizationPass
 
 S = QuantizationStates
@@ -57,7 +62,7 @@ def compute_input_tensors(graph: Graph) -> set[str]:
     for operation in graph.operations.values():
         if operation.config is None:
             continue
-        if operation.type in COMPUTING_TYPES:
+        if operation.type in COMPUTING_TYPES or operation.type in RECURRENT_TYPES:
             quantized.update(variable.name for variable in _activation_inputs(operation))
         elif operation.type == "Add" and len(operation.inputs) == 2:
             data = _activation_inputs(operation)
@@ -76,14 +81,19 @@ class QuantizationPlacementPass(QuantizationOptimizationPass):
 
     name = "placement"
 
-    def __init__(self, placement: str = "every_output"):
-        if placement not in PLACEMENTS:
-            raise PlatformError(f"placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
-        self.placement = placement
+    def __init__(self, placement: str = "every_output", transformer_placement: str | None = None):
+        for value in (placement, transformer_placement or placement):
+            if value not in PLACEMENTS:
+                raise PlatformError(f"placement {value!r} is not one of {', '.join(PLACEMENTS)}")
+        self.placement, self.transformer_placement = placement, transformer_placement
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
-        if self.placement == "every_output":
-            return {"placement": self.placement, "left_float": 0}
+        placement = self.placement
+        if self.transformer_placement is not None and any(
+                block.kind == LAYER_NORM for block in find_transformer_blocks(graph)):
+            placement = self.transformer_placement
+        if placement == "every_output":
+            return {"placement": placement, "left_float": 0}
         quantized = compute_input_tensors(graph)
         left_float = set()
         for operation in graph.operations.values():
@@ -101,4 +111,11 @@ class QuantizationPlacementPass(QuantizationOptimizationPass):
                 if variable.is_parameter or variable.name not in quantized:   # a constant operand of a float op
                     config.state = S.FP32
                     left_float.add(variable.name)
-        return {"placement": self.placement, "quantized": len(quantized), "left_float": len(left_float)}
+        floated = []
+        for operation in graph.operations.values():   # nothing of it quantized: it runs in float (TPU-MLIR's
+            if operation.config is not None and operation.platform is not TargetPlatform.FP32 and all(
+                    config.state in (S.FP32, S.SOI) for config in operation.config.all_configs()):
+                operation.platform = TargetPlatform.FP32   # quantize table lists it as F32)
+                floated.append(operation.name)
+        return {"placement": placement, "quantized": len(quantized), "left_float": len(left_float),
+                "float_ops": len(floated)}

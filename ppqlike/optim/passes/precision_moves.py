@@ -52,6 +52,7 @@ import numpy as np
 
 from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.op_facts import VALUE_PRESERVING_TYPES
 from ...core.quant_graph import configured_operations, master_chain
 from ...platforms.target import TargetPlatform
 from ..observers.minmax import MinMaxObserver
@@ -159,6 +160,21 @@ def move_to_fp32(graph: Graph, unit: list[Operation], readers: str = "detach") -
             config.state = S.FP32
         operation.platform = TargetPlatform.FP32
     return {"detached": detached}
+
+
+def with_pass_through_readers(unit: list[Operation]) -> list[Operation]:
+    """``unit`` and the value-preserving ops (Reshape, Transpose, MaxPool, ...) on the platform that read its
+    results, and theirs in turn: moved with it, so that a tensor it leaves float is not quantized again at a
+    Reshape's input (those ops only move values: their readers quantize what they need)."""
+    members, frontier = list(unit), list(unit)
+    while frontier:
+        operation = frontier.pop()
+        for variable in operation.outputs:
+            for reader in variable.consumers:
+                if reader.type in VALUE_PRESERVING_TYPES and reader.config is not None and reader not in members:
+                    members.append(reader)
+                    frontier.append(reader)
+    return members
 
 
 def reader_units(graph: Graph, unit: list[Operation], units: list[list[Operation]]) -> list[list[Operation]]:

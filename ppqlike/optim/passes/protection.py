@@ -17,6 +17,11 @@ next worst 0.15%), and at least 0.1% of cosine (``floor``: below it, nothing is 
 tried worst first, at most ``max_units``; a move is kept when it takes at least ``gain`` (15%) of the
 error away, measured again on the whole quantized graph.
 
+Fronts.  Where the error is still at least ``front_floor`` (cosine below 0.99) after that, the smallest
+front of the graph - its first 1, 2, 4, ... units in topological order, all but the last at most - whose
+move halves the error is moved: an in-model signal front end (basic-pitch's CQT, an STFT, a log-mel) is
+many units, none of which wrecks the output alone; the report and the verdict list what moved.
+
 Moves (:mod:`.precision_moves`).  Where the platform has a wider integer grid (``higher_precision_bits``:
 16 on onnxruntime, TIDL, DSPs) the unit moves to it.  Otherwise to FP32; on a platform whose placement
 leaves float tensors between layers at no cost (TensorRT's ``compute_inputs``) the readers of the unit's
@@ -39,17 +44,8 @@ from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
 from .precision_moves import (can_widen, find_units, move_to_fp32, move_to_wider_grid, reader_units, restore,
-                              snapshot)
-from .sensitivity import AloneRunner, output_cosine, sample_cosines
-
-
-def _limited(batch, samples: int):
-    """The first ``samples`` samples of a batch (an array, or a dict of arrays with a leading batch axis)."""
-    if isinstance(batch, dict):
-        return {name: np.asarray(value)[:samples] for name, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return [np.asarray(value)[:samples] for value in batch]
-    return np.asarray(batch)[:samples]
+                              snapshot, with_pass_through_readers)
+from .sensitivity import AloneRunner, leading_samples, output_cosine, sample_cosines
 
 
 class LayerProtectionPass(QuantizationOptimizationPass):
@@ -59,10 +55,11 @@ class LayerProtectionPass(QuantizationOptimizationPass):
 
     def __init__(self, samples: int = 16, share: float = 0.25, floor: float = 1e-3, gain: float = 0.15,
                  max_units: int = 3, measured_units: int = 6, higher_precision_bits: int | None = None,
-                 float_boundaries: bool = False, verbose: bool = False):
+                 float_boundaries: bool = False, front_floor: float = 0.01, verbose: bool = False):
         self.samples, self.share, self.floor, self.gain = int(samples), float(share), float(floor), float(gain)
         self.max_units, self.bits, self.float_boundaries = int(max_units), higher_precision_bits, float_boundaries
         self.measured_units, self.verbose = int(measured_units), verbose
+        self.front_floor = float(front_floor)
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None,
@@ -70,7 +67,7 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         started = time.perf_counter()
         executor = executor or NumpyExecutor(graph)
         source = held_aside if held_aside is not None else dataloader
-        batch = _limited(next(iter(iterate_calibration(source, 1, collate_fn, "protection data", False))),
+        batch = leading_samples(next(iter(iterate_calibration(source, 1, collate_fn, "protection data", False))),
                          self.samples)
         with dequantized(graph):
             reference = executor.forward(batch)
@@ -107,6 +104,12 @@ class LayerProtectionPass(QuantizationOptimizationPass):
                                   "precision": precision, "error_after": round(after, 6)})
             else:
                 restore(graph, original)
+        front = None
+        if current >= self.front_floor:
+            front = self._protect_front(graph, units, runner.observed, error, current)
+            if front is not None:
+                current = front["error_after"]
+                protected.append(front)
         names = [name for entry in protected for name in entry["ops"]]
         graph.metadata.setdefault("quantization", {})["protected_ops"] = names
         report = {"initial_error": round(initial, 6), "held_aside": held_aside is not None,
@@ -115,10 +118,29 @@ class LayerProtectionPass(QuantizationOptimizationPass):
                   "seconds": round(time.perf_counter() - started, 3)}
         return report
 
+    def _protect_front(self, graph: Graph, units, observed: dict, error, current: float) -> dict | None:
+        """The smallest front of the graph (its first 1, 2, 4, ... units in topological order, all but the last
+        at most) whose move halves the error: an in-model signal front end (STFT, CQT, log-mel) is many units,
+        none of which wrecks the output alone (basic-pitch's CQT is 26 of its 36 units).  None when no front
+        does."""
+        limit = max(1, len(units) - 1)
+        original = snapshot(graph)
+        size = 1
+        while size <= limit:
+            precisions = {self._move(graph, unit, units, observed) for unit in units[:size]}
+            after = error()
+            if after <= 0.5 * current:
+                return {"ops": [op.name for unit in units[:size] for op in unit], "front_units": size,
+                        "precision": "/".join(sorted(precisions)), "error_after": round(after, 6)}
+            restore(graph, original)
+            size *= 2
+        return None
+
     def _move(self, graph: Graph, unit, units, observed: dict) -> str:
         if self.bits is not None and can_widen(unit):
             move_to_wider_grid(graph, unit, self.bits, observed)
             return f"INT{self.bits}"
+        unit = with_pass_through_readers(unit)
         if self.float_boundaries:
             move_to_fp32(graph, unit, readers="float")
         else:

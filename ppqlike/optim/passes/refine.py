@@ -10,7 +10,10 @@ the op and its tensors and corrects them:
   quantized, FP32 otherwise;
 * Clip bounds and the Pad value become PASSIVE_INIT (the grid of input 0);
 * the tail of a decomposed transformer block (LayerNorm, GELU: :mod:`ppqlike.core.patterns`) keeps only its
-  output config: its inputs are computed inside the block, in float (FP32).
+  output config: its inputs are computed inside the block, in float (FP32);
+* a tensor read where zero gives inf or NaN (Log, Reciprocal, a divisor, the base of a negative power:
+  :func:`ppqlike.core.op_facts.zero_sensitive_inputs`) is on no grid: every config that would quantize it
+  goes FP32 (see :func:`keep_off_grid`).
 
 Reads: INITIAL configs.  Writes: SOI, FP32 and PASSIVE_INIT states, and the bias configs.
 """
@@ -19,9 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.ir import Graph, Variable
+from ...core.ir import Graph, Operation, Variable
+from ...core.op_facts import output_is_non_float, zero_keeping_inputs, zero_sensitive_inputs
 from ...core.patterns import find_transformer_blocks
-from ...core.quant import QuantizationStates
+from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.quant_graph import input_config
 from ...platforms import slots
 from ...platforms.quantizer import PlatformPolicy, PlatformQuantizer
 from ..base import QuantizationOptimizationPass
@@ -30,9 +35,14 @@ S = QuantizationStates
 
 
 def is_float_tensor(variable: Variable) -> bool:
-    """A floating-point tensor (or one whose type is unknown, which the executor computes in float)."""
+    """A floating-point tensor, or one whose type is unknown and that its producer does not make integer or
+    boolean by definition (an index, a mask, a code: ``op_facts.output_is_non_float``)."""
     dtype = variable.dtype if variable.value is None else variable.value.dtype
-    return dtype is None or np.issubdtype(dtype, np.floating)
+    if dtype is None:
+        producer = variable.producer
+        return producer is None or not any(output is variable and output_is_non_float(producer, index)
+                                           for index, output in enumerate(producer.outputs))
+    return np.issubdtype(dtype, np.floating)
 
 
 class QuantizeRefinePass(QuantizationOptimizationPass):
@@ -45,6 +55,9 @@ class QuantizeRefinePass(QuantizationOptimizationPass):
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
         counts = {"soi": 0, "non_float": 0, "bias": 0, "float_bias": 0, "passive": 0, "block_inside": 0}
+        kept_float = keep_off_grid(graph)
+        if kept_float:
+            counts["kept_off_grid"] = kept_float
         tails = {block.tail for block in find_transformer_blocks(graph) if len(block.operations) > 1}
         for operation in graph.topological_sort():
             if operation.name in tails and operation.config is not None:
@@ -89,3 +102,56 @@ class QuantizeRefinePass(QuantizationOptimizationPass):
                 tqc.state = S.FP32
                 counts["non_float"] += 1
         return counts
+
+
+def keep_off_grid(graph: Graph) -> list[str]:
+    """Keep float every tensor a zero-sensitive read would see on a grid; returns their names (graph order).
+
+    A grid rounds whatever is under half a step to an exact zero: quiet audio into ``Clip(min=1e-10) -> Log``
+    became ``-inf``, then NaN, because the Clip's result was quantized after the guard.  The tensor read at a
+    slot of :func:`~ppqlike.core.op_facts.zero_sensitive_inputs` gets no grid: the reader's input config, the
+    producer's output config (a fused computing op before it follows, through the fusion pass) and its bounds
+    (a Clip's ``min`` would round to zero on its input's grid) go FP32; and so, upstream, through the ops that
+    keep zeros (:func:`~ppqlike.core.op_facts.zero_keeping_inputs`: reshapes, Relu, Sqrt, Mul...), up to a
+    guard, a computing op, a reduction or a graph input.
+
+    Refusing the point, rather than keeping the grid off zero (a clamp after the DequantizeLinear), is what
+    deploys faithfully: the exported model then has no Q/DQ pair there, which every runtime computes as
+    simulated, whereas no runtime clamps a dequantized value.  It is a property of the graph, the same on every
+    platform.  Reads and writes INITIAL configs only (FP32 is written once, before the other refinements).
+    """
+    refused: dict[str, None] = {}
+    for reader in graph.topological_sort():
+        for slot in zero_sensitive_inputs(reader):
+            variable = reader.inputs[slot]
+            if variable is None or not is_float_tensor(variable):
+                continue
+            _refuse(input_config(reader, slot))
+            _refuse_upstream(variable, refused)
+    return list(refused)
+
+
+def _refuse(config: TensorQuantizationConfig | None) -> None:
+    if config is not None and config.state is S.INITIAL:
+        config.state = S.FP32
+
+
+def _refuse_upstream(variable: Variable, refused: dict) -> None:
+    """No grid on ``variable``, nor on the values whose zeros it carries (see :func:`keep_off_grid`)."""
+    stack = [variable]
+    while stack:
+        variable = stack.pop()
+        if variable.name in refused or variable.is_parameter:
+            continue
+        refused[variable.name] = None
+        producer: Operation | None = variable.producer
+        if producer is None:
+            continue
+        if producer.config is not None:
+            _refuse(producer.config.output_quantization_config[producer.outputs.index(variable)])
+            for slot, kind in enumerate(slots.input_slots(producer)):
+                if kind == slots.PASSIVE:
+                    _refuse(input_config(producer, slot))
+        for slot in zero_keeping_inputs(producer):
+            _refuse(input_config(producer, slot))
+            stack.append(producer.inputs[slot])

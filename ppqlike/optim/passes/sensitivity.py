@@ -50,6 +50,23 @@ def cosine_lower_bound(values: np.ndarray) -> float:
     return float(np.mean(values) - np.std(values, ddof=1) / np.sqrt(values.size))
 
 
+def leading_samples(batch, samples: int):
+    """The first ``samples`` samples of a batch (an array, a list of arrays or a dict of arrays, each with a
+    leading batch axis)."""
+    if isinstance(batch, dict):
+        return {name: np.asarray(value)[:samples] for name, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [np.asarray(value)[:samples] for value in batch]
+    return np.asarray(batch)[:samples]
+
+
+def sample_count(batch) -> int:
+    """The samples in a batch (the leading axis of its first array)."""
+    first = next(iter(batch.values())) if isinstance(batch, dict) else \
+        batch[0] if isinstance(batch, (list, tuple)) else batch
+    return int(np.shape(first)[0]) if np.ndim(first) else 1
+
+
 # ---------------------------------------------------------------- running
 class AloneRunner:
     """FP32 intermediates of one batch, and partial re-runs with one unit quantized."""

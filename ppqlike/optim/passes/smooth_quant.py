@@ -8,15 +8,27 @@ j is divided by s_j and the matching weight row multiplied by s_j:
     s_j = max|X_j| ** alpha / max|W_j| ** (1 - alpha),   X' = X / s,   W' = diag(s) W,   X' W' = X W
 
 The division goes into the LayerNorm's gamma and beta (``y = n * gamma + beta``, so ``y / s`` is
-``n * (gamma / s) + beta / s``): the FP32 function is unchanged, up to float rounding.  ``alpha`` is chosen per
+``n * (gamma / s) + beta / s``; an RMSNorm has gamma alone; TensorFlow's ``x * k + (beta - mean * k)`` with
+``k = gamma / std`` divides the same way): the constants are the block's ``affine`` ones, which the pattern
+finder checked scale its result.
+
+Where the result cannot absorb it - a post-LayerNorm block (BERT) whose LayerNorm also feeds the residual
+Add, a GELU's output read by the second feed-forward MatMul, the attention context read by the output
+projection - and the platform leaves float tensors between layers at no cost (``insert_multiplies``:
+TensorRT's placement, onnxruntime's for transformers), an explicit ``Mul`` by 1/s is written in front of
+the MatMuls (a float op, dispatched FP32: TensorRT and onnxruntime fold it into the quantization that
+follows), as NNCF's SmoothQuant does.  MiniLM-L6 (post-LN, real weights), ORT_INT8 with onnxruntime running
+the export, embedding cosine: 0.990 -> 0.998 with every constant-weight MatMul input smoothed.  The FP32 function is unchanged, up to float rounding.  ``alpha`` is chosen per
 LayerNorm on the calibration data (unless given): among :data:`ALPHAS` and no smoothing at all, the one whose
 int8 product — per-tensor symmetric activations, per-channel weights, both max-scaled — is closest to the
 FP32 product on a sample of the LayerNorm's result rows (relative squared error, summed over the readers).
 
-Reads: FP32 weights and the LayerNorm's gamma/beta (configs still INITIAL: run before the parameter pass), the
-calibration data (FP32 forward).  Writes: ``Variable.value`` of gamma, beta and the readers' weights (new
-float32 arrays); no config changes.  Skipped, with the reason in the report: LayerNorms without gamma, whose
-gamma/beta/weights are shared with other ops, or whose result is a graph output or read by anything else.
+Reads: FP32 weights and the LayerNorm's gamma/beta (configs still INITIAL: run before the placement and
+parameter passes), the calibration data (FP32 forward).  Writes: ``Variable.value`` of gamma, beta and the
+readers' weights (new float32 arrays); the inserted Mul ops (no config, platform FP32) and their constants;
+the readers' input 0.  Skipped, with the reason in the report: LayerNorms without gamma, whose
+gamma/beta/weights are shared with other ops, that normalise over another axis than the last, or whose result
+is a graph output or read by anything else.
 """
 
 from __future__ import annotations
@@ -29,21 +41,29 @@ import numpy as np
 from ...core.ir import Graph, Operation, Variable
 from ...core.patterns import LAYER_NORM, Block, find_transformer_blocks
 from ...executor import NumpyExecutor
+from ...platforms.target import TargetPlatform
 from ..base import QuantizationOptimizationPass, iterate_calibration
 
 #: The migration strengths tried per LayerNorm (0 = no smoothing is always a candidate too).
-ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9)
 _SCALE_BOUNDS = (1e-4, 1e4)
 
 
 @dataclass
 class _Group:
-    """One LayerNorm and the weights its result feeds: ``weights`` are (variable, input-channel axis)."""
+    """One activation and the weights it feeds (``weights``: (variable, input-channel axis)); where the
+    division goes: the LayerNorm ``block``'s ``affine`` constants, or (no block) a Mul inserted in front of
+    the ``readers``."""
 
-    block: Block
-    gamma: Variable
-    beta: Variable | None
+    source: str
+    block: Block | None
+    affine: list[Variable]
     weights: list[tuple[Variable, int]]
+    readers: list[Operation]
+
+    @property
+    def name(self) -> str:
+        return self.block.tail if self.block is not None else self.source
 
 
 def channel_scales(activation_max: np.ndarray, weight_max: np.ndarray, alpha: float) -> np.ndarray:
@@ -77,16 +97,17 @@ class SmoothQuantPass(QuantizationOptimizationPass):
     name = "smooth_quant"
 
     def __init__(self, alpha: float | None = None, rows: int = 2048, steps: int | None = None,
-                 verbose: bool = False):
+                 verbose: bool = False, insert_multiplies: bool = False):
         self.alpha, self.rows, self.steps, self.verbose = alpha, rows, steps, verbose
+        self.insert_multiplies = insert_multiplies
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
-        groups, skipped = smoothable_groups(graph)
+        groups, skipped = smoothable_groups(graph, self.insert_multiplies)
         if not groups:  # no LayerNorm feeding weights (every CNN): nothing to do
             return {"smoothed": 0, **({"skipped": skipped} if skipped else {})}
         executor = executor or NumpyExecutor(graph)
-        names = [group.block.result for group in groups]
+        names = list(dict.fromkeys(group.source for group in groups))
         maxima = {name: None for name in names}
         samples: dict[str, list[np.ndarray]] = {name: [] for name in names}
         rng = np.random.default_rng(0)
@@ -100,14 +121,16 @@ class SmoothQuantPass(QuantizationOptimizationPass):
                 samples[name].append(value.reshape(-1, value.shape[-1])[chosen].astype(np.float64))
         details = []
         for group in groups:
-            name = group.block.result
+            name = group.source
             rows = np.concatenate(samples[name])
             rows = rows[rng.choice(len(rows), size=min(len(rows), self.rows), replace=False)]
             alpha, scales = self._choose(group, maxima[name], rows)
             before = float(maxima[name].max())
             if scales is not None:
-                _apply(group, scales)
-            details.append({"layer_norm": group.block.tail, "alpha": alpha, "readers": len(group.weights),
+                _apply(graph, group, scales)
+            details.append({"layer_norm" if group.block is not None else "activation": group.name,
+                            "into": "gamma/beta" if group.block is not None else "a Mul before its readers",
+                            "alpha": alpha, "readers": len(group.weights),
                             "activation_max_before": round(before, 4),
                             "activation_max_after": round(float((maxima[name] / (1 if scales is None else scales))
                                                                 .max()), 4)})
@@ -128,15 +151,16 @@ class SmoothQuantPass(QuantizationOptimizationPass):
         return best[1], best[2]
 
 
-def smoothable_groups(graph: Graph) -> tuple[list[_Group], list[dict]]:
-    """The LayerNorms whose result can absorb a per-channel division (and why the others cannot)."""
+def smoothable_groups(graph: Graph, insert_multiplies: bool = False) -> tuple[list[_Group], list[dict]]:
+    """The LayerNorms whose result can absorb a per-channel division (and why the others cannot); with
+    ``insert_multiplies``, in a graph with LayerNorms, also every other activation read by MatMul/Gemm ops
+    with constant weights, divided by a Mul written in front of them."""
     groups, skipped = [], []
     outputs = {variable.name for variable in graph.outputs}
-    for block in find_transformer_blocks(graph):
-        if block.kind != LAYER_NORM:
-            continue
+    blocks = [block for block in find_transformer_blocks(graph) if block.kind == LAYER_NORM]
+    for block in blocks:
         tail = graph.operations[block.tail]
-        gamma, beta, reason = _gamma_beta(graph, block)
+        affine, reason = _affine(graph, block)
         result = graph.variables[block.result]
         readers = list(dict.fromkeys(result.consumers))
         weights = [_weight_of(reader, result) for reader in readers]
@@ -148,34 +172,50 @@ def smoothable_groups(graph: Graph) -> tuple[list[_Group], list[dict]]:
             reason = "a weight it feeds is shared with other ops"
         if reason is None:
             channels = {v.value.shape[axis] for v, axis in weights}
-            sizes = {gamma.value.size} | ({beta.value.size} if beta is not None else set())
+            sizes = {variable.value.size for variable in affine}
             if len(channels) != 1 or not sizes <= {1, *channels}:
                 reason = "its readers' weights and its gamma/beta disagree on the channel count"
         if reason is not None:
             skipped.append({"layer_norm": tail.name, "reason": reason})
             continue
-        groups.append(_Group(block, gamma, beta, weights))
+        groups.append(_Group(block.result, block, affine, weights, readers))
+    if insert_multiplies and blocks:
+        groups += _multiply_groups(graph, {group.source for group in groups})
     return groups, skipped
 
 
-def _gamma_beta(graph: Graph, block: Block) -> tuple[Variable | None, Variable | None, str | None]:
+def _multiply_groups(graph: Graph, taken: set[str]) -> list[_Group]:
+    """Activations (not graph inputs) read by MatMul/Gemm ops with constant, unshared weights of one input
+    channel count: each a group smoothed by an inserted Mul in front of those readers."""
+    groups = []
+    for variable in list(graph.variables.values()):
+        if variable.name in taken or variable.is_parameter or variable.producer is None:
+            continue
+        readers = [reader for reader in dict.fromkeys(variable.consumers)
+                   if _weight_of(reader, variable) is not None]
+        weights = [_weight_of(reader, variable) for reader in readers]
+        if not readers or any(len(set(v.consumers)) > 1 for v, _ in weights):
+            continue
+        if len({v.value.shape[axis] for v, axis in weights}) != 1:
+            continue
+        groups.append(_Group(variable.name, None, [], weights, readers))
+    return groups
+
+
+def _affine(graph: Graph, block: Block) -> tuple[list[Variable], str | None]:
+    """The block's gamma/beta (its ``affine`` constants), or the reason it cannot absorb the scales."""
     tail = graph.operations[block.tail]
-    if tail.type == "LayerNormalization":
-        gamma = tail.inputs[1] if len(tail.inputs) > 1 else None
-        beta = tail.inputs[2] if len(tail.inputs) > 2 else None
-        if tail.attributes.get("axis", -1) not in (-1, len(tail.inputs[0].shape or ()) - 1):
-            return None, None, "it normalises over more than the last axis"
-    else:
-        ops = [graph.operations[name] for name in block.operations]
-        scale = next((op for op in ops if op.type == "Mul" and any(v.is_parameter for v in op.inputs)), None)
-        shift = next((op for op in ops[-1:] if op.type == "Add" and any(v.is_parameter for v in op.inputs)), None)
-        gamma = next((v for v in scale.inputs if v.is_parameter), None) if scale else None
-        beta = next((v for v in shift.inputs if v.is_parameter), None) if shift else None
-    if gamma is None or not gamma.is_parameter:
-        return None, None, "it has no constant gamma to absorb the scales"
-    if len(set(gamma.consumers)) > 1 or (beta is not None and len(set(beta.consumers)) > 1):
-        return None, None, "its gamma or beta is shared with other ops"
-    return gamma, beta, None
+    if tail.type == "LayerNormalization" and \
+            tail.attributes.get("axis", -1) not in (-1, len(tail.inputs[0].shape or ()) - 1):
+        return [], "it normalises over more than the last axis"
+    affine = [graph.variables[name] for name in block.affine]
+    if not affine:
+        return [], "it has no constant gamma to absorb the scales"
+    if any(v.value.size > 1 and v.value.shape[-1] != v.value.size for v in affine):
+        return [], "it normalises over another axis than the last"
+    if any(len(set(v.consumers)) > 1 for v in affine):
+        return [], "its gamma or beta is shared with other ops"
+    return affine, None
 
 
 def _weight_of(reader: Operation, activation: Variable) -> tuple[Variable, int] | None:
@@ -193,14 +233,23 @@ def _rows_first(weight: np.ndarray, axis: int) -> np.ndarray:
     return weight if axis == 0 else weight.T
 
 
-def _apply(group: _Group, scales: np.ndarray) -> None:
+def _apply(graph: Graph, group: _Group, scales: np.ndarray) -> None:
     channels = len(scales)
-    group.gamma.value = (np.broadcast_to(group.gamma.value, (channels,)) / scales).astype(np.float32)
-    if group.beta is not None:
-        group.beta.value = (np.broadcast_to(group.beta.value, (channels,)) / scales).astype(np.float32)
+    if group.block is None:   # a Mul by 1/s in front of the readers, which read its result from now on
+        source = graph.variables[group.source]
+        inverse = graph.create_variable(graph.unique_name(f"{source.name}_smooth_quant_scale"),
+                                        value=(1.0 / scales).astype(np.float32))
+        smoothed = graph.create_variable(graph.unique_name(f"{source.name}_smoothed"), shape=source.shape,
+                                         dtype=source.dtype)
+        multiply = graph.create_operation("Mul", [source, inverse], [smoothed],
+                                          name=graph.unique_name(f"{source.name}_smooth_quant"))
+        multiply.platform = TargetPlatform.FP32
+        for reader in group.readers:
+            graph.replace_input(reader, 0, smoothed)
+    for variable in group.affine:  # a one-value gamma/beta (LayerNormalization broadcasts it) becomes per channel
+        value = variable.value if variable.value.size == channels else np.broadcast_to(variable.value, (channels,))
+        variable.value = (value / scales.reshape(value.shape)).astype(np.float32)
+        variable.shape, variable.dtype = list(variable.value.shape), variable.value.dtype
     for variable, axis in group.weights:
         factor = scales[:, None] if axis == 0 else scales[None, :]
         variable.value = (variable.value * factor).astype(np.float32)
-    for variable in (group.gamma, group.beta):
-        if variable is not None:
-            variable.shape, variable.dtype = list(variable.value.shape), variable.value.dtype
