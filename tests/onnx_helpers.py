@@ -21,7 +21,7 @@ def make_model(nodes, inputs, outputs, initializers=(), opset=13, value_info=())
 
 
 def single_node_model(op_type, inputs, attributes=None, initializers=None, n_outputs=1, opset=13,
-                      output_types=None):
+                      output_types=None, infer_with_reference=False):
     """A model of one node.
 
     ``inputs`` maps input names to example arrays: names in ``initializers``
@@ -56,7 +56,8 @@ def single_node_model(op_type, inputs, attributes=None, initializers=None, n_out
     # Outputs whose shape inference could not tell get their rank from a real run.
     if any(not o.type.tensor_type.HasField("shape") for o in model.graph.output):
         feeds = {i.name: np.asarray(inputs[i.name]) for i in model.graph.input}
-        for output, value in zip(model.graph.output, run_onnxruntime(model, feeds)):
+        run = run_reference if infer_with_reference else run_onnxruntime
+        for output, value in zip(model.graph.output, run(model, feeds)):
             if not output.type.tensor_type.HasField("shape"):
                 output.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(value.dtype)
                 shape = output.type.tensor_type.shape
@@ -72,23 +73,48 @@ def run_onnxruntime(model, feeds):
     return session.run(None, feeds)
 
 
-def run_executor(model, feeds, output_names=None):
-    graph = ppqlike.load_onnx_graph(model)
+def assert_executor_matches_file(model, feed, rtol=1e-4, atol_fraction=1e-5):
+    """The executor runs ``model`` (a loaded real model) on ``feed`` as onnxruntime does: relative ``rtol``,
+    absolute ``atol_fraction`` of each output's largest magnitude."""
+    expected = run_onnxruntime(model, feed)
+    got = ppqlike.NumpyExecutor(ppqlike.load_onnx_graph(model)).forward(feed)
+    for value, want in zip(got, expected):
+        assert value.shape == want.shape
+        np.testing.assert_allclose(value, want, rtol=rtol, atol=atol_fraction * float(np.max(np.abs(want))))
+
+
+def run_executor(model, feeds, output_names=None, checked=True):
+    """The executor's outputs for ``model``; ``checked=False`` skips the importer's checks (onnx.checker
+    refuses ops deprecated in their own opset, such as GroupNormalization-18, which onnxruntime runs)."""
+    if checked:
+        graph = ppqlike.load_onnx_graph(model)
+    else:
+        from ppqlike.io.onnx_import import graph_from_model
+        graph = graph_from_model(model, "the test model")
     return ppqlike.NumpyExecutor(graph).forward(feeds, output_names=output_names)
 
 
+def run_reference(model, feeds):
+    """The outputs of onnx's ReferenceEvaluator, for what onnxruntime's CPU kernels lack."""
+    from onnx.reference import ReferenceEvaluator
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
 def assert_matches_onnxruntime(op_type, inputs, attributes=None, initializers=None, n_outputs=1,
-                               opset=13, rtol=1e-5, atol=1e-6, exact=False):
+                               opset=13, rtol=1e-5, atol=1e-6, exact=False, checked=True, reference=False):
     """Run one node in onnxruntime and in the executor and compare every output.
 
     Shapes and dtypes must agree; values within ``rtol``/``atol`` (or exactly).
+    ``reference=True`` compares with onnx's ReferenceEvaluator instead (where onnxruntime's CPU
+    provider lacks the op or an attribute value); ``checked``: see :func:`run_executor`.
     Returns the executor's outputs.
     """
-    model = single_node_model(op_type, inputs, attributes, initializers, n_outputs, opset)
+    model = single_node_model(op_type, inputs, attributes, initializers, n_outputs, opset,
+                              infer_with_reference=reference)
     initializers = set(initializers or ())
     feeds = {k: np.asarray(v) for k, v in inputs.items() if v is not None and k not in initializers}
-    expected = run_onnxruntime(model, feeds)
-    actual = run_executor(model, feeds)
+    expected = run_reference(model, feeds) if reference else run_onnxruntime(model, feeds)
+    actual = run_executor(model, feeds, checked=checked)
     assert len(actual) == len(expected)
     for index, (got, want) in enumerate(zip(actual, expected)):
         assert got.shape == want.shape, f"{op_type} output {index}: shape {got.shape} != {want.shape}"

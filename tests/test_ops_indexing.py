@@ -83,3 +83,13 @@ def test_scatter_elements(axis, reduction, opset):
                                   np.array([True, False, True]), np.array(3.0, np.float32)])
 def test_nonzero(data):
     check("NonZero", {"x": data}, exact=True)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 21])
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+@pytest.mark.parametrize("values", [np.array([0.0, 1.0], np.float32), np.array([-2, 5], np.int64)])
+def test_one_hot(opset, axis, values):
+    """Negative indices wrap; out-of-range ones (here 7 and -9 for depth 6) give no hot position."""
+    indices = np.array([[0, 5, -1], [7, 2, -9]], np.int64)
+    check("OneHot", {"indices": indices, "depth": np.array(6, np.int64), "values": values},
+                               {"axis": axis}, initializers={"depth", "values"}, opset=opset, exact=True)

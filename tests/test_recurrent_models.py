@@ -22,10 +22,8 @@ import pytest
 
 from ppqlike import api
 from ppqlike.core.op_facts import RECURRENT_TYPES
-from ppqlike.executor import NumpyExecutor
-from ppqlike.io.load import load_graph
 from ppqlike.platforms.target import TargetPlatform
-from onnx_helpers import run_onnxruntime
+from onnx_helpers import assert_executor_matches_file, run_onnxruntime
 
 
 def _load_bench():
@@ -58,12 +56,7 @@ def test_executor_matches_onnxruntime(name):
         pytest.skip(f"{bench.MODELS[name].path} is absent: python bench/recurrent.py fetch")
     model = onnx.load(bench.MODELS[name].path)
     assert {node.op_type for node in model.graph.node} & RECURRENT_TYPES
-    feed = bench.model_inputs(name, 99)
-    expected = run_onnxruntime(model, feed)
-    got = NumpyExecutor(load_graph(model)).forward(feed)
-    for value, want in zip(got, expected):
-        assert value.shape == want.shape
-        np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-5 * float(np.max(np.abs(want))))
+    assert_executor_matches_file(model, bench.model_inputs(name, 99))
 
 
 @pytest.mark.parametrize("platform", ["ORT_INT8", "TRT_INT8", "TPU_INT8"])

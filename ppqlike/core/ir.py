@@ -7,7 +7,9 @@ with attributes, ordered input and output variables, the platform the
 dispatcher chose for it and a slot for its quantization config.
 
 Optional ONNX inputs that are left out (an empty name in ONNX) are ``None`` in
-``Operation.inputs``.
+``Operation.inputs``.  If, Loop and Scan hold their bodies as Graphs in their attributes, and list
+the values their bodies read from the enclosing scope after their ONNX inputs
+(:mod:`ppqlike.core.subgraphs`).
 
 The :class:`Graph` keeps producer/consumer links consistent through its
 editing API; code outside this module should edit graphs only through it.
@@ -23,6 +25,7 @@ import numpy as np
 
 from .errors import GraphError
 from .graph_algorithms import GraphAlgorithms
+from .subgraphs import check_bodies, explicit_input_count, has_bodies, rebind_implicit_input
 
 Shape = list  # list of int | str | None: str and None are dynamic dimensions
 
@@ -126,6 +129,8 @@ class Graph(GraphAlgorithms):
     ``inputs`` and ``outputs`` are the graph's inputs and outputs in order;
     ``opset`` is the default-domain opset the graph was written for.
     """
+
+    is_ir_graph = True   # how an op's attributes tell a body (``core.subgraphs``) from other values
 
     def __init__(self, name: str = "graph", opset: int = 13):
         self.name = name
@@ -286,11 +291,13 @@ class Graph(GraphAlgorithms):
         self._own_variable(new)
         if old is new:
             return
-        for operation in list(old.consumers):
+        for operation in list(dict.fromkeys(old.consumers)):
             for index, variable in enumerate(operation.inputs):
                 if variable is old:
                     operation.inputs[index] = new
                     new.consumers.append(operation)
+            if operation.attributes and has_bodies(operation):  # a body reads it by name: follow
+                rebind_implicit_input(operation, old.name, new.name)
         old.consumers = []
         self.outputs = [new if v is old else v for v in self.outputs]
 
@@ -312,6 +319,9 @@ class Graph(GraphAlgorithms):
         operation.inputs[index] = new
         if new is not None:
             new.consumers.append(operation)
+        if old is not None and new is not None and operation.attributes and has_bodies(operation) \
+                and index >= explicit_input_count(operation):   # a body reads it by name: follow
+            rebind_implicit_input(operation, old.name, new.name)
 
     def insert_operation_on_variable(self, variable: Variable, op_type: str,
                                      consumers: Iterable[Operation] | None = None,
@@ -349,9 +359,13 @@ class Graph(GraphAlgorithms):
             return
         if new_name in self.variables:
             raise GraphError(f"cannot rename {variable.name!r} to {new_name!r}: the name is taken")
+        old_name = variable.name
         del self.variables[variable.name]
         variable.name = new_name
         self.variables[new_name] = variable
+        for operation in dict.fromkeys(variable.consumers):
+            if operation.attributes and has_bodies(operation):  # a body reads it by name: follow
+                rebind_implicit_input(operation, old_name, new_name)
 
     def rename_operation(self, operation: Operation, new_name: str) -> None:
         """Give ``operation`` a new, unused name."""
@@ -399,6 +413,7 @@ class Graph(GraphAlgorithms):
         for name, operation in self.operations.items():
             if operation.name != name:
                 raise GraphError(f"operation {operation.name!r} is registered under another name {name!r}")
+        check_bodies(self)
 
     def __iter__(self) -> Iterator[Operation]:
         return iter(self.topological_sort())

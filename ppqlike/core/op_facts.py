@@ -6,6 +6,8 @@ quantizes lives in ``ppqlike.platforms``).  Every layer reads them from here.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from .block_regions import constant_value
 from .ir import Operation
 
@@ -25,6 +27,11 @@ VALUE_PRESERVING_TYPES = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze"
 #: Their MatMuls are not computing ops here: no platform policy quantizes W and R (see PlatformPolicy.recurrent).
 RECURRENT_TYPES = frozenset({"LSTM", "GRU", "RNN"})
 
+#: Ops whose values are sequences (lists of tensors) or optionals: never quantized, always run in float.
+SEQUENCE_TYPES = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceAt", "SequenceErase",
+                            "SequenceLength", "SplitToSequence", "ConcatFromSequence", "SequenceMap",
+                            "Optional", "OptionalGetElement", "OptionalHasElement"})
+
 #: Activations that fuse into the computing op before them (one quantization after both).
 FUSABLE_ACTIVATIONS = frozenset({"Relu", "Clip"})
 
@@ -35,6 +42,37 @@ PASS_THROUGH_TYPES = frozenset({"Identity", "Dropout"})
 #: cross-layer equalization moves scales through them.
 POSITIVELY_HOMOGENEOUS_TYPES = frozenset({"Relu", "LeakyRelu", "PRelu", "MaxPool", "AveragePool",
                                           "GlobalAveragePool", "GlobalMaxPool", "Identity", "Dropout"})
+
+
+_BOOLEAN_RESULTS = ("Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or", "Xor", "IsNaN",
+                    "IsInf", "RegexFullMatch")
+_INTEGER_RESULTS = ("Shape", "Size", "NonZero", "NonMaxSuppression", "ArgMax", "ArgMin", "QuantizeLinear",
+                    "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "BitShift", "BitwiseAnd",
+                    "BitwiseOr", "BitwiseXor", "BitwiseNot", "StringConcat", "StringNormalizer")
+
+#: Outputs that are never floating point, whatever the input types: index lists, masks, counts, integer codes
+#: and strings (op type -> output indices).  Read where a model declares no type for a tensor.
+NON_FLOAT_OUTPUTS = MappingProxyType({
+    **{op_type: frozenset({0}) for op_type in _BOOLEAN_RESULTS + _INTEGER_RESULTS},
+    "TopK": frozenset({1}),                       # indices
+    "MaxPool": frozenset({1}),                    # indices
+    "Dropout": frozenset({1}),                    # mask
+    "Unique": frozenset({1, 2, 3}),               # first indices, inverse indices, counts
+    "DynamicQuantizeLinear": frozenset({0, 2}),   # codes, zero point
+    "StringSplit": frozenset({0, 1}),             # substrings, counts
+})
+
+_FLOAT_TYPE_CODES = frozenset({1, 10, 11, 16})   # ONNX FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def output_is_non_float(operation: Operation, index: int) -> bool:
+    """Whether output ``index`` of ``operation`` is never a float tensor (:data:`NON_FLOAT_OUTPUTS`, or a
+    Cast to a type other than float16/32/64 and bfloat16)."""
+    if operation.domain not in ("", "ai.onnx"):
+        return False
+    if operation.type == "Cast" and "to" in operation.attributes:
+        return int(operation.attributes["to"]) not in _FLOAT_TYPE_CODES
+    return index in NON_FLOAT_OUTPUTS.get(operation.type, ())
 
 
 def weight_channel_axis(operation: Operation) -> int | None:

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..core.errors import ExecutionError, PPQLikeError
 from ..core.ir import Graph, Operation
+from ..core.subgraphs import captures
 from .fusion import (MOVES_CODES, READS_SHAPE_ONLY, activate_in_place, activate_on_grid, activation_bounds,
                      clip_epilogue, configs_let_fuse, fusable, grid_edges, moves_grid, quantizing_epilogue,
                      requantizes_onto, run_on_codes)
@@ -41,25 +42,12 @@ from .quantized_sum import quantized_sum
 from .requantizing_kernels import run_requantizing_kernel, wants_integer_kernel
 from .ops import Kernel, build_kernel
 from .ops._threads import computing_threads
+from .ops.control_flow import RUNNING
+from .hooks import OperationHook, running as _running
 from .ops.tensor import zero_spatial_pads
 from .plan import Plan, Step, build_plan, release_values
 from .simulation import (argument_grids, fresh_results, keeps_grid, passes_through, quantize_inputs,
                          quantize_outputs)
-
-
-class OperationHook:
-    """Called around every op.  Subclass and override what you need.
-
-    ``before_operation`` sees the op's input arrays (after input quantization)
-    and ``after_operation`` its output arrays (after output quantization).
-    Returning a list replaces the values; returning None keeps them.
-    """
-
-    def before_operation(self, operation: Operation, inputs: list) -> list | None:
-        return None
-
-    def after_operation(self, operation: Operation, inputs: list, outputs: list) -> list | None:
-        return None
 
 
 class NumpyExecutor:
@@ -69,11 +57,14 @@ class NumpyExecutor:
     >>> logits, = executor.forward({"input": images})
     """
 
-    def __init__(self, graph: Graph, runtime_kernels: bool = True):
+    def __init__(self, graph: Graph, runtime_kernels: bool = True, body: bool = False):
         self.graph = graph
         #: False: ops marked for the deployment runtime's integer kernels run their float kernel
         #: instead (the QDQ semantics of the ONNX spec, as onnxruntime runs it unoptimized).
         self.runtime_kernels = runtime_kernels
+        #: True: ``graph`` is the body of an If/Loop/Scan, run by :meth:`run_body` with the values it reads
+        #: from the enclosing scope.
+        self.body = body
         self._kernels: dict[str, tuple[int, Kernel]] = {}
         self._plans: dict[tuple, Plan] = {}
         self._plan_revision = -1
@@ -112,7 +103,8 @@ class NumpyExecutor:
         key = (names, tuple(v.name for v in graph.inputs))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = build_plan(graph, names, self._kernel)
+            outer = frozenset(v.name for v in captures(graph)) if self.body else frozenset()
+            plan = self._plans[key] = build_plan(graph, names, self._kernel, outer)
         return plan
 
     def _kernel(self, operation: Operation) -> Kernel:
@@ -133,14 +125,21 @@ class NumpyExecutor:
                 hooks: Sequence[OperationHook] = ()) -> list[np.ndarray]:
         """Run the graph and return the requested outputs (graph outputs by default), in order (BLAS
         single-threaded meanwhile, the parallel work on the kernel threads: ``ops._threads``)."""
-        with computing_threads():
+        with computing_threads(), _running(self, hooks):
             return self._forward(inputs, output_names, hooks)
 
+    def run_body(self, values: dict) -> list:
+        """Run the graph as a body (``body=True``): ``values`` holds its inputs and the values it reads from
+        the enclosing scope, by name, as they are; the hooks of the forward running it that reach bodies
+        see its ops.  Returns its outputs in order."""
+        running = RUNNING.get()
+        return self._forward(values, None, running[0] if running else (), given=True)
+
     def _forward(self, inputs: Any, output_names: Sequence[str] | None,
-                 hooks: Sequence[OperationHook]) -> list[np.ndarray]:
+                 hooks: Sequence[OperationHook], given: bool = False) -> list[np.ndarray]:
         plan = self.compile(output_names)
         names = tuple(v.name for v in self.graph.outputs) if output_names is None else tuple(output_names)
-        values: dict[str, Any] = self.prepare_inputs(inputs)
+        values: dict[str, Any] = dict(inputs) if given else self.prepare_inputs(inputs)
         for name in plan.needed_inputs:
             if name not in values:
                 raise ExecutionError(f"graph {self.graph.name!r}: input {name!r} was not given")
@@ -195,7 +194,8 @@ class NumpyExecutor:
             except PPQLikeError:
                 raise
             except Exception as error:  # a numpy error inside a kernel: name the node
-                shapes = [None if a is None else list(np.shape(a)) for a in arguments]
+                shapes = [None if a is None else [list(np.shape(x)) for x in a] if isinstance(a, list)
+                          else list(np.shape(a)) for a in arguments]   # (a sequence: its tensors' shapes)
                 raise ExecutionError(f"{operation.type} node {operation.name!r} failed on input shapes "
                                      f"{shapes}: {type(error).__name__}: {error}") from error
             if inside is not None:   # clipped and quantized block by block in the kernel
@@ -240,7 +240,11 @@ class NumpyExecutor:
             release_values(step, values)
         outputs = []
         for name in names:
-            value = np.asarray(self._argument(name, values))
+            value = self._argument(name, values)
+            if isinstance(value, list):   # a sequence (``ops.sequence``)
+                outputs.append([np.array(item) for item in value])
+                continue
+            value = np.asarray(value)
             if not value.flags.writeable or value.base is not None:
                 value = value.copy()  # never hand out a view of a parameter or a read-only broadcast
             outputs.append(value)
@@ -381,6 +385,10 @@ class NumpyExecutor:
 
     def run_operation(self, operation: Operation, inputs: list, quantized: bool = True) -> list:
         """Run one op on given input arrays (through its configs when ``quantized``)."""
+        with _running(self, ()):
+            return self._run_operation(operation, inputs, quantized)
+
+    def _run_operation(self, operation: Operation, inputs: list, quantized: bool) -> list:
         kernel = self._kernel(operation)
         if quantized:
             arguments = quantize_inputs(operation, list(inputs))

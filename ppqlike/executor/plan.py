@@ -35,8 +35,9 @@ class Plan:
     projections: dict = field(default_factory=dict)   # 1x1 Conv of a chain -> the 1x1 after it and its Relu/Clip
 
 
-def build_plan(graph: Graph, output_names: tuple, kernel_of) -> Plan:
-    """The plan computing ``output_names`` of ``graph``; ``kernel_of(operation)`` gives each op's kernel.
+def build_plan(graph: Graph, output_names: tuple, kernel_of, outer: frozenset = frozenset()) -> Plan:
+    """The plan computing ``output_names`` of ``graph``; ``kernel_of(operation)`` gives each op's kernel;
+    ``outer``: names a body reads from its enclosing scope (given with its inputs at run time).
     Unknown tensors and inputs nothing produces raise ExecutionError."""
     for name in output_names:
         if name not in graph.variables:
@@ -56,7 +57,7 @@ def build_plan(graph: Graph, output_names: tuple, kernel_of) -> Plan:
     varying = graph.input_dependent()
     order = [op for op in graph.topological_sort() if op.name in needed]
     order = [op for op in order if op.name not in varying] + [op for op in order if op.name in varying]
-    graph_inputs = {v.name for v in graph.inputs}
+    graph_inputs = {v.name for v in graph.inputs} | outer
     last_use: dict[str, int] = {}
     for index, operation in enumerate(order):
         for variable in operation.inputs:

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..core.subgraphs import all_bodies
 from ..core.ir import Graph, Operation
 from ..core.layout import memory_axes
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked, is_dequantizable
@@ -126,7 +127,7 @@ def apply_output_config(config: TensorQuantizationConfig | None, value, in_place
 
 @contextmanager
 def dequantized(graph: Graph):
-    """Run the graph in float: every dequantizable config is DEQUANTIZED inside the block.
+    """Run the graph in float: every dequantizable config (its bodies' too) is DEQUANTIZED inside the block.
 
     On exit (also through an exception) every config returns exactly to the
     state it had.  Nesting is harmless: configs already DEQUANTIZED are left
@@ -134,8 +135,9 @@ def dequantized(graph: Graph):
     """
     switched: list[TensorQuantizationConfig] = []
     seen: set[int] = set()
+    graphs = [graph, *all_bodies(graph)]   # the ops inside If/Loop/Scan bodies too
     try:
-        for *_, tqc in iter_tensor_configs(graph):
+        for *_, tqc in (entry for each in graphs for entry in iter_tensor_configs(each)):
             if id(tqc) in seen:
                 continue
             seen.add(id(tqc))

@@ -58,7 +58,7 @@ def tensor_views(model: onnx.ModelProto, graph: Graph) -> dict[tuple[str, str, i
             continue
         operation = graph.operations[node.name]
         seen.add(operation.name)
-        for slot, variable in enumerate(operation.inputs):
+        for slot, variable in enumerate(operation.inputs[:len(node.input)]):   # (then what bodies read)
             if variable is None or node.input[slot] == variable.name:
                 continue
             tensor = node.input[slot]

@@ -18,7 +18,7 @@ import warnings
 from ..core.declared_names import unknown_name_error
 from ..core.errors import ExportError, UnknownExportOptionError
 from ..core.ir import Graph
-from ..core.quant_graph import configured_operations
+from ..core.subgraphs import walk
 from ..io.files import StagedFiles
 from ..platforms.policies import get_platform_policy
 from ..platforms.target import TargetPlatform
@@ -77,7 +77,7 @@ def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=No
     if policy.exporter not in ("qdq_onnx", "tpu_mlir"):
         raise ExportError(f"{platform.name}'s exporter {policy.exporter!r} is unknown; ppqlike writes "
                           "'qdq_onnx' and 'tpu_mlir'")
-    if not any(True for _ in configured_operations(graph)):
+    if not any(operation.config is not None for _, operation in walk(graph)):   # bodies' ops included
         raise ExportError(f"graph {graph.name!r} holds no quantization configs: it was never quantized; "
                           "quantize it first (ppqlike.quantize_onnx_model) or import a quantized model "
                           "(ppqlike.import_quantized_onnx)")

@@ -39,11 +39,13 @@ from onnx import helper, numpy_helper
 
 from ..core.errors import ExportError
 from ..core.ir import Graph, Operation, Variable
+from ..core.subgraphs import has_bodies, walk
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
 from ..executor.simulation import apply_config
 from ..io.files import MAX_IR_VERSION, StagedFiles
 from ..io.onnx_files import check_onnx_model, write_onnx_model
 from .opset_upgrade import is_converter_node, tensor_views, upgraded_model
+from .qdq_bodies import names_in_bodies, write_bodies
 from .common import (config_id, is_param_slot, quantizes, rounding_mismatch, source_path, storage_type,
                      warn_rounding)
 
@@ -241,7 +243,7 @@ def _check_states(graph: Graph) -> list[str]:
 
 def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activations: bool = False,
                     opset: int | None = None, check: bool = True,
-                    uint8_weights: bool = False) -> tuple[onnx.ModelProto, dict]:
+                    uint8_weights: bool = False, reserved: set | None = None) -> tuple[onnx.ModelProto, dict]:
     """The QDQ ModelProto of a quantized graph, and a report.
 
     ``opset``: the default-domain opset to write (at least 13; 21 when 16-bit types need it).
@@ -249,13 +251,15 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
     a dict, see :func:`ppqlike.export.common.rounding_mismatch`), ``notes`` and ``tensors``
     (graph activation name -> the ONNX tensor holding its value after its output quantization,
     what the executor hands to consumers; with ``qdq_per_consumer`` the first consumer's copy;
-    absent for tensors no consumer reads in per-consumer mode).
+    absent for tensors no consumer reads in per-consumer mode).  Bodies of If/Loop/Scan are written by
+    :mod:`ppqlike.export.qdq_bodies` (quantized as their configs say); ``reserved``: names an enclosing
+    scope uses, which no new tensor here may take.
     """
     notes = _check_states(graph)
     builder = _Builder(graph, qdq_per_consumer, uint8_activations, set(), uint8_weights=uint8_weights)
     target = max(QDQ_OPSET, graph.opset, opset or 0)
     # Decide the opset first (16-bit types need 21) with a dry run over the configs.
-    for operation in graph.operations.values():
+    for _, operation in walk(graph):
         for _, _, config in (operation.config.iter_configs() if operation.config is not None else ()):
             if (is_applied(config.state) or is_baked(config.state)) and config.num_of_bits > 8 \
                     and config.num_of_bits <= 16:
@@ -264,6 +268,7 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
     views = tensor_views(base, graph)  # slots the converter rewired to a reshaped view (Softmax before 13)
     builder.names = {n for node in base.graph.node for n in list(node.input) + list(node.output) + [node.name]}
     builder.names |= {i.name for i in base.graph.initializer} | {v.name for v in graph.variables.values()}
+    builder.names |= (reserved or set()) | names_in_bodies(base.graph)
     raw_initializers = {i.name: i for i in base.graph.initializer}
     graph_outputs = {v.name for v in graph.outputs}
     visible: dict[str, str] = {}   # activation name -> what a consumer without an input pair reads
@@ -294,7 +299,10 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
         node = _copy_node(node)
         config = operation.config
         in_configs = config.input_quantization_config if config is not None else []
-        for slot, variable in enumerate(operation.inputs):
+        if has_bodies(operation):   # quantized bodies, reading what this scope's pairs hand them
+            write_bodies(node, operation, read, builder.names, builder.counts, lambda body, names: build_qdq_model(
+                body, qdq_per_consumer, uint8_activations, target, False, uint8_weights, names))
+        for slot, variable in enumerate(operation.inputs[:len(node.input)]):   # (then what bodies read)
             if variable is None:
                 continue
             cfg = in_configs[slot] if slot < len(in_configs) else None

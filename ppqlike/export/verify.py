@@ -83,6 +83,8 @@ def _per_operation(graph: Graph, model: onnx.ModelProto, report: dict, feeds: di
         node = nodes[operation.name]
         names = [n for n in node.input if n] + [report["tensors"][v.name] for v in operation.outputs
                                                 if v.name in report["tensors"]]
+        names += [report["tensors"].get(v.name, v.name) for v in operation.inputs[len(node.input):] if v is not None
+                  and not v.is_parameter]   # what a body reads from this scope
         wanted += [n for n in names if n not in constants and n not in wanted]
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -94,8 +96,10 @@ def _per_operation(graph: Graph, model: onnx.ModelProto, report: dict, feeds: di
     quantized, floats = [], []
     for operation in graph.topological_sort():
         node = nodes[operation.name]
+        read = [*node.input, *(report["tensors"].get(v.name, v.name) for v in operation.inputs[len(node.input):]
+                               if v is not None)]   # then what its bodies read from this scope
         arguments = [None if v is None else (v.value if v.is_parameter and v not in graph.inputs
-                                             else values[node.input[i]]) for i, v in enumerate(operation.inputs)]
+                                             else values[read[i]]) for i, v in enumerate(operation.inputs)]
         results = executor.run_operation(operation, arguments)
         configs = operation.config.output_quantization_config if operation.config is not None else []
         for slot, (variable, got) in enumerate(zip(operation.outputs, results)):

@@ -16,19 +16,24 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..core.ir import Graph, Operation, Variable
+from ..core.subgraphs import explicit_input_count, separate_scopes, walk
 from .files import MAX_IR_VERSION
 from .onnx_files import write_onnx_model
 
 
 def _value_info(variable: Variable) -> onnx.ValueInfoProto:
-    elem = 0 if variable.dtype is None else helper.np_dtype_to_tensor_dtype(variable.dtype)
+    if variable.dtype is None:   # an untyped value (a body output the model leaves to inference)
+        return onnx.ValueInfoProto(name=variable.name)
+    elem = helper.np_dtype_to_tensor_dtype(variable.dtype)
     shape = None if variable.shape is None else [d if d is None or isinstance(d, (int, str)) else int(d)
                                                   for d in variable.shape]
     return helper.make_tensor_value_info(variable.name, elem, shape)
 
 
 def _attribute(name: str, value: Any) -> onnx.AttributeProto:
-    """An AttributeProto from the Python value the importer made (ndarray for tensors)."""
+    """An AttributeProto from the Python value the importer made (ndarray for tensors, Graph for bodies)."""
+    if isinstance(value, Graph):
+        return helper.make_attribute(name, body_to_proto(value))
     if isinstance(value, np.ndarray):
         return helper.make_attribute(name, numpy_helper.from_array(value))
     if isinstance(value, np.generic):
@@ -42,7 +47,8 @@ def _attribute(name: str, value: Any) -> onnx.AttributeProto:
 
 def operation_to_node(operation: Operation) -> onnx.NodeProto:
     """The NodeProto of one operation (omitted optional inputs become empty names)."""
-    node = helper.make_node(operation.type, ["" if v is None else v.name for v in operation.inputs],
+    explicit = operation.inputs[:explicit_input_count(operation)]   # implicit inputs are read by name
+    node = helper.make_node(operation.type, ["" if v is None else v.name for v in explicit],
                             [v.name for v in operation.outputs], name=operation.name,
                             domain=operation.domain or None)
     node.attribute.extend(_attribute(k, v) for k, v in operation.attributes.items())
@@ -60,13 +66,20 @@ def _fill_tensor(tensor: onnx.TensorProto, array: np.ndarray, name: str) -> None
     tensor.raw_data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict | None = None,
-                      keep_value_info: bool = False) -> onnx.ModelProto:
-    """Build a ModelProto from ``graph``.
+def body_to_proto(body: Graph) -> onnx.GraphProto:
+    """The GraphProto of a body (If branch, Loop/Scan body): its parameters as its initializers, its
+    inputs and outputs typed where known; the names it reads from enclosing scopes stay plain reads."""
+    nodes, initializers = _nodes_and_initializers(body)
+    onnx_graph = helper.make_graph(nodes, body.name, [_value_info(v) for v in body.inputs],
+                                   [_value_info(v) for v in body.outputs])
+    for variable in initializers:
+        _fill_tensor(onnx_graph.initializer.add(), np.asarray(variable.value), variable.name)
+    return onnx_graph
 
-    ``opset`` overrides the default-domain opset (the graph's by default);
-    ``extra_opsets`` adds imports of other domains.
-    """
+
+def _nodes_and_initializers(graph: Graph) -> tuple[list, list]:
+    """The graph's nodes in topological order and the parameters they read (first use first; graph
+    inputs excluded), then parameters that are graph outputs."""
     nodes, initializers, written = [], [], set()
     interface = {v.name for v in graph.inputs}
     for operation in graph.topological_sort():
@@ -80,6 +93,19 @@ def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict
         if variable.is_parameter and variable.name not in written:
             initializers.append(variable)
             written.add(variable.name)
+    return nodes, initializers
+
+
+def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict | None = None,
+                      keep_value_info: bool = False) -> onnx.ModelProto:
+    """Build a ModelProto from ``graph`` (bodies of If/Loop/Scan as their GraphProto attributes; a
+    body-local name an enclosing scope also defines is renamed first: ``subgraphs.separate_scopes``).
+
+    ``opset`` overrides the default-domain opset (the graph's by default);
+    ``extra_opsets`` adds imports of other domains.
+    """
+    separate_scopes(graph)
+    nodes, initializers = _nodes_and_initializers(graph)
     value_info = []
     if keep_value_info:
         value_info = [_value_info(v) for v in graph.variables.values()
@@ -91,7 +117,7 @@ def export_onnx_model(graph: Graph, opset: int | None = None, extra_opsets: dict
     imports.pop("ai.onnx", None)
     imports[""] = opset or graph.opset
     imports.update(extra_opsets or {})
-    for operation in graph.operations.values():
+    for _, operation in walk(graph):
         if operation.domain and operation.domain not in imports:
             imports[operation.domain] = 1
     model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid(d, v) for d, v in imports.items()],

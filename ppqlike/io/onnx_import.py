@@ -1,6 +1,6 @@
 """ONNX → Graph.
 
-Reads a model (a path, bytes or a ModelProto) of opsets 11-21 in the default domain:
+Reads a model (a path, bytes or a ModelProto) of opsets 11-23 in the default domain:
 initializers and Constant nodes become parameters, external data is read
 from beside the file straight into arrays, dynamic dimensions are kept as names (or None), a weight
 shared by several ops stays one variable, and a graph input that is also an
@@ -14,17 +14,15 @@ import os
 from typing import Any
 
 import networkx as nx
-import numpy as np
 import onnx
-from onnx import helper
 
 from ..core.errors import GraphError, ModelLoadError
 from ..core.ir import Graph
 from .onnx_files import check_onnx_model
-from .tensor_data import (check_external_data, has_external_data, read_external_data, sparse_to_dense,
-                          tensor_value)
+from .onnx_graphs import Scope, fill_graph, subgraph_reads
+from .tensor_data import check_external_data, has_external_data, read_external_data
 
-MIN_OPSET, MAX_OPSET = 11, 21
+MIN_OPSET, MAX_OPSET = 11, 23
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -39,7 +37,7 @@ def read_model(source: Any, arrays: dict | None = None) -> onnx.ModelProto:
     """Load and check a ModelProto from a path, bytes or a ModelProto (ModelLoadError, GraphError).
 
     Checks, in order: the bytes parse, external data files are inside the model's folder and long
-    enough, the default-domain opset is one ppqlike reads (11-21), every node
+    enough, the default-domain opset is one ppqlike reads (11-23), every node
     of the default domain is a known ONNX operator, every node input is
     produced, the nodes form no cycle, then ``onnx.checker``; then external data is read: into
     ``arrays`` when given (for :func:`graph_from_model`; the proto keeps its references), else into
@@ -87,7 +85,7 @@ def read_model(source: Any, arrays: dict | None = None) -> onnx.ModelProto:
 
 
 def _default_opset(model: onnx.ModelProto, where: str) -> int:
-    """The model's default-domain opset; a ModelLoadError when missing or outside 11-21."""
+    """The model's default-domain opset; a ModelLoadError when missing or outside 11-23."""
     opset = None
     for entry in model.opset_import:
         if entry.domain in DEFAULT_DOMAINS:
@@ -131,7 +129,7 @@ def _check_structure(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(graph.node)))
     for index, node in enumerate(graph.node):
-        for name in node.input:
+        for name in list(node.input) + sorted(subgraph_reads(node)):
             if not name or name in available:
                 continue
             if name not in producer:
@@ -185,92 +183,6 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return model
 
 
-def _dims(type_proto: onnx.TypeProto) -> list | None:
-    if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
-        return None
-    dims = []
-    for dim in type_proto.tensor_type.shape.dim:
-        if dim.HasField("dim_value"):
-            dims.append(int(dim.dim_value))
-        elif dim.HasField("dim_param"):
-            dims.append(dim.dim_param)
-        else:
-            dims.append(None)
-    return dims
-
-
-def _elem_dtype(type_proto: onnx.TypeProto):
-    if not type_proto.HasField("tensor_type"):
-        return None
-    elem = type_proto.tensor_type.elem_type
-    return None if elem == 0 else helper.tensor_dtype_to_np_dtype(elem)
-
-
-def _constant_value(node: onnx.NodeProto, label: str, where: str, stored: dict) -> np.ndarray:
-    """The value of a Constant node, whichever of its attribute forms it uses (``stored``: the node's
-    tensors read from external data, by attribute key)."""
-    if len(node.attribute) != 1:
-        raise ModelLoadError(f"{where}: {label} must have exactly one attribute, it has "
-                             f"{[a.name for a in node.attribute]}")
-    attribute = node.attribute[0]
-    value = helper.get_attribute_value(attribute)
-    if attribute.name == "value":
-        return tensor_value(value, where, stored.get(("value",)))
-    if attribute.name == "sparse_value":
-        return sparse_to_dense(value, where, (stored.get(("sparse_value", "values")),
-                                               stored.get(("sparse_value", "indices"))))
-    forms = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
-             "value_ints": np.int64}
-    if attribute.name in forms:
-        return np.array(list(value) if isinstance(value, (list, tuple)) else value, dtype=forms[attribute.name])
-    if attribute.name == "value_string":
-        return np.array(value.decode("utf-8"), dtype=object)
-    if attribute.name == "value_strings":
-        return np.array([v.decode("utf-8") for v in value], dtype=object)
-    raise ModelLoadError(f"{where}: {label} has attribute {attribute.name!r}, which is not an ONNX Constant form")
-
-
-def _attributes(node: onnx.NodeProto, label: str, where: str, stored: dict) -> dict:
-    """The node's attributes as Python values (numpy arrays for tensors; ``stored`` as for Constant)."""
-    attributes = {}
-    for attribute in node.attribute:
-        if attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            raise ModelLoadError(f"{where}: {label} has a subgraph; "
-                                 "control flow (If/Loop/Scan) is not supported")
-        value = helper.get_attribute_value(attribute)
-        if attribute.type == onnx.AttributeProto.TENSOR:
-            value = tensor_value(value, where, stored.get((attribute.name,)))
-        elif isinstance(value, bytes):
-            value = value.decode("utf-8")
-        elif attribute.type == onnx.AttributeProto.STRINGS:
-            value = [v.decode("utf-8") for v in value]
-        elif attribute.type in (onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS):
-            value = list(value)
-        attributes[attribute.name] = value
-    return attributes
-
-
-def _operation_names(nodes) -> list[str]:
-    """Unique operation names: the node's own where it has a unique one, a generated one otherwise."""
-    explicit = [node.name for node in nodes]
-    counts: dict[str, int] = {}
-    for name in explicit:
-        counts[name] = counts.get(name, 0) + 1
-    taken = {name for name in explicit if name and counts[name] == 1}
-    names = []
-    for index, node in enumerate(nodes):
-        name = node.name
-        if not name or counts[name] > 1:
-            base = node.name or node.op_type
-            name, suffix = f"{base}_{index}", index
-            while name in taken:
-                suffix += 1
-                name = f"{base}_{index}_{suffix}"
-        taken.add(name)
-        names.append(name)
-    return names
-
-
 def load_onnx_graph(source: Any) -> Graph:
     """Read an ONNX model (path, bytes or ModelProto) into a :class:`Graph`.
 
@@ -300,66 +212,7 @@ def graph_from_model(model: onnx.ModelProto, where: str, arrays: dict | None = N
                           doc_string=model.doc_string,
                           opset_imports={e.domain: e.version for e in model.opset_import},
                           metadata_props={p.key: p.value for p in model.metadata_props})
-    value_info = {info.name: info for info in list(onnx_graph.value_info) + list(onnx_graph.output)}
-
-    initializers = {tensor.name: (index, tensor) for index, tensor in enumerate(onnx_graph.initializer)}
-    for name, (index, tensor) in initializers.items():
-        graph.create_variable(name, value=tensor_value(tensor, where, arrays.get(("initializer", index))))
-    for index, sparse in enumerate(onnx_graph.sparse_initializer):
-        if sparse.values.name in graph.variables:
-            raise GraphError(f"{where}: tensor {sparse.values.name!r} is initialized twice")
-        stored = (arrays.get(("sparse", index, "values")), arrays.get(("sparse", index, "indices")))
-        graph.create_variable(sparse.values.name, value=sparse_to_dense(sparse, where, stored))
-        initializers[sparse.values.name] = (index, sparse)
-    for graph_input in onnx_graph.input:
-        if graph_input.name in initializers:
-            continue  # an input with a default value: treated as a parameter
-        variable = graph.create_variable(graph_input.name, shape=_dims(graph_input.type),
-                                         dtype=_elem_dtype(graph_input.type))
-        graph.inputs.append(variable)
-
-    def variable_for(name: str):
-        if name not in graph.variables:
-            info = value_info.get(name)
-            graph.create_variable(name, shape=None if info is None else _dims(info.type),
-                                  dtype=None if info is None else _elem_dtype(info.type))
-        return graph.variables[name]
-
-    for index, (node, name) in enumerate(zip(onnx_graph.node, _operation_names(onnx_graph.node))):
-        label = f"{node.op_type} node {name!r}"
-        stored = by_node.get(index, {})
-        if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS:
-            output = node.output[0]
-            if output in graph.variables:
-                raise GraphError(f"{where}: tensor {output!r} is produced twice")
-            graph.create_variable(output, value=_constant_value(node, label, where, stored))
-            continue
-        inputs = [variable_for(n) if n else None for n in node.input]
-        while inputs and inputs[-1] is None:
-            inputs.pop()
-        output_names = list(node.output)
-        while output_names and not output_names[-1]:
-            output_names.pop()  # trailing optional outputs left out
-        outputs = []
-        for output_name in output_names:
-            if not output_name:
-                output_name = graph.unique_name(f"{name}_unused_output")
-            variable = variable_for(output_name)
-            if variable.producer is not None or variable.is_parameter or variable in graph.inputs:
-                raise GraphError(f"{where}: tensor {output_name!r} is produced twice "
-                                 f"(by node {name!r} and another)")
-            outputs.append(variable)
-        graph.create_operation(node.op_type, inputs, outputs, attributes=_attributes(node, label, where, stored),
-                               name=name, domain=node.domain)
-    for graph_output in onnx_graph.output:
-        if graph_output.name not in graph.variables:
-            raise GraphError(f"{where}: graph output {graph_output.name!r} is not produced by any node")
-        variable = graph.variables[graph_output.name]
-        if variable.shape is None:
-            variable.shape = _dims(graph_output.type)
-        if variable.dtype is None:
-            variable.dtype = _elem_dtype(graph_output.type)
-        graph.outputs.append(variable)
+    fill_graph(graph, onnx_graph, where, Scope(graph), arrays, by_node)
     try:
         graph.topological_sort()
     except GraphError as error:

@@ -16,7 +16,7 @@ from onnx import helper
 from ..core.errors import GraphError
 from ..core.ir import Graph
 from .onnx_export import export_onnx_model
-from .onnx_import import _dims
+from .onnx_graphs import _dims
 
 #: Parameters with more elements than this are handed to shape inference as typed inputs, without values.
 _VALUE_LIMIT = 1024

@@ -19,7 +19,7 @@ from ..io import format as graph_format
 from ..platforms.policies import get_platform_policy
 from ..platforms.quantizer import PlatformPolicy
 from .base import DEFAULT_PASS_REGISTRY, QuantizationOptimizationPipeline, TimeBudget
-from .passes import (ActivationRangeSearchPass, AdaroundPass, BiasCorrectionPass, FusionPass, Int32BiasRangePass,
+from .passes import (ActivationRangeSearchPass, AdaroundPass, BiasCorrectionPass, BodyQuantizationPass, FusionPass, Int32BiasRangePass,
                      IntegerRequantizationPass, LayerProtectionPass, LayerwiseEqualizationPass, MixedPrecisionPass, ParameterBakingPass,
                      ParameterQuantizePass, PassiveParameterQuantizePass, QuantizationAlignmentPass,
                      QuantizationPlacementPass,
@@ -156,8 +156,10 @@ def effective_setting(setting: QuantizationSetting, policy: PlatformPolicy) -> d
 
 
 def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose: int = 0,
-                   registry=DEFAULT_PASS_REGISTRY) -> QuantizationOptimizationPipeline:
-    """The pipeline for ``policy`` and ``setting``, with the registered user passes placed in it."""
+                   registry=DEFAULT_PASS_REGISTRY, bodies: bool = False) -> QuantizationOptimizationPipeline:
+    """The pipeline for ``policy`` and ``setting``, with the registered user passes placed in it; ``bodies``
+    (the graph has If/Loop/Scan): their bodies' ops are quantized before calibration (``passes.bodies``), so
+    that the enclosing graph is calibrated on what the quantized bodies compute."""
     passes = [QuantizeRefinePass(policy)]
     float_boundaries = "compute_inputs" in (policy.placement, policy.transformer_placement)
     if setting.smooth_quant:  # changes the FP32 weights (and LayerNorm gamma/beta), may insert Muls: before the
@@ -181,6 +183,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                                    inputs="float", verbose=verbose > 0,
                                    # leave part of the budget to the range search, which gains more on some models
                                    time_budget_s=budget.part(0.6) if setting.range_search else budget))
+    if bodies:
+        passes.append(BodyQuantizationPass(policy, setting, build_pipeline, format_for_quantization, verbose=verbose > 0))
     passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0,
                                       backend=setting.calibration_backend, workers=setting.calibration_workers,
                                       terminal_observer=setting.terminal_observer,
@@ -223,6 +227,8 @@ def format_for_quantization(graph: Graph, setting: QuantizationSetting) -> dict:
         reports["remove_identity"] = graph_format.remove_identity(graph)
     if setting.fold_constants:
         reports["fold_constants"] = graph_format.fold_constants(graph)
+        if any(op.type == "Loop" for op in graph.operations.values()):
+            reports["fold_loop_invariants"] = graph_format.fold_loop_invariants(graph)
     if setting.fold_batchnorm:
         reports["fold_batchnorm"] = graph_format.fold_batchnorm(graph)
     if setting.fold_bias_add:

@@ -39,6 +39,10 @@ outputs quantized, float inside; W, R and the states never quantized).
 A ``dispatching_table`` pins ops by name, overriding the strategy, the
 transformer policy and the recurrent treatment; the strategy then works around
 the pinned labels.
+
+If, Loop and Scan, and the sequence ops, are FP32 whatever the strategy or table says: they run in
+float, the exported model quantizes and dequantizes at their boundaries where a neighbour is
+quantized, and the ops inside a body are dispatched on their own (``optim.passes.bodies``).
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ from ..core.errors import PlatformError
 from ..core.ir import Graph, Operation, Variable
 from ..core.patterns import ATTENTION_MATMUL, RESIDUAL_ADD, find_transformer_blocks
 from .dispatch_soi import data_free_operations, soi_input_indices, soi_operations, value_inputs, value_uses
-from ..core.op_facts import COMPUTING_TYPES, RECURRENT_TYPES, VALUE_PRESERVING_TYPES
+from ..core.op_facts import COMPUTING_TYPES, RECURRENT_TYPES, SEQUENCE_TYPES, VALUE_PRESERVING_TYPES
+from ..core.subgraphs import has_bodies
 from .target import TargetPlatform
 
 _FP32, _SOI = TargetPlatform.FP32, TargetPlatform.SOI
@@ -267,6 +272,8 @@ def dispatch_graph(graph: Graph, platform: TargetPlatform | str, quantizable_typ
             raise PlatformError(f"recurrent treatment {recurrent!r} is not 'float' or 'quantize'")
         ctx.pin({name: label for name, label in ctx.recurrent_labels(recurrent).items() if name not in pins})
     ctx.pin(pins)
+    ctx.pin({op.name: _FP32 for op in ctx.order if op.name not in ctx.soi and (
+        op.type in SEQUENCE_TYPES or has_bodies(op))})   # their bodies' ops are dispatched on their own
     strategy(ctx)
     for operation in ctx.order:
         operation.platform = ctx.labels[operation.name]

@@ -60,7 +60,8 @@ SOI_INPUTS: Mapping[str, frozenset] = MappingProxyType({
     "Trilu": frozenset({1}),              # k
     "Compress": frozenset({1}),           # condition
     "ReverseSequence": frozenset({1}),    # sequence_lens
-    "RoiAlign": frozenset({2}),           # batch_indices
+    "RoiAlign": frozenset({1, 2}),        # rois (box corners), batch_indices
+    "MaxRoiPool": frozenset({1}),         # rois (batch index and box corners)
     "MaxUnpool": frozenset({1, 2}),       # indices, output_shape
     "NonMaxSuppression": frozenset({2, 3, 4}),  # max boxes, IoU and score thresholds (control scalars)
     "CenterCropPad": frozenset({1}),      # shape
@@ -69,6 +70,19 @@ SOI_INPUTS: Mapping[str, frozenset] = MappingProxyType({
     "DFT": frozenset({1, 2}),             # dft_length, axis
     "STFT": frozenset({1, 3}),            # frame_step, frame_length
     "BlackmanWindow": frozenset({0}),     # size
+    "MelWeightMatrix": frozenset({0, 1, 2, 3, 4}),  # bins, DFT length, sample rate, band edges (scalars)
+    "RotaryEmbedding": frozenset({3}),    # position_ids
+    "Attention": frozenset({3}),          # attn_mask (boolean, or an additive bias of -inf/large values)
+    "TfIdfVectorizer": frozenset({0}),    # token ids
+    "NegativeLogLikelihoodLoss": frozenset({1}),  # target classes
+    "SoftmaxCrossEntropyLoss": frozenset({1}),    # labels
+    # quantization ops a float model carries: their scales and zero points are quantization parameters
+    "QuantizeLinear": frozenset({1, 2}),
+    "DequantizeLinear": frozenset({1, 2}),
+    "QLinearConv": frozenset({1, 2, 4, 5, 6, 7, 8}),   # scales, zero points, int32 bias
+    "QLinearMatMul": frozenset({1, 2, 4, 5, 6, 7}),
+    "ConvInteger": frozenset({2, 3}),
+    "MatMulInteger": frozenset({2, 3}),
     "HannWindow": frozenset({0}),         # size
     "HammingWindow": frozenset({0}),      # size
     "Shape": frozenset({0}),              # read for its shape only

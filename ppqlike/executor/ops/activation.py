@@ -1,5 +1,5 @@
 """Kernels of the activation family: Relu, Clip, the sigmoid/tanh family,
-Softmax/LogSoftmax/Hardmax and Gelu.
+Softmax/LogSoftmax/Hardmax, Gelu and Shrink.
 
 Outputs keep the input dtype.  Chains of numpy calls write into one fresh
 buffer (``out=``) so that each kernel allocates about one array.
@@ -277,6 +277,19 @@ def _tanh(x: np.ndarray) -> np.ndarray:
     return np.tanh(x, out=np.empty_like(x))
 
 
+def _build_shrink(op, opset: int) -> Kernel:
+    """Shrink: x - bias where x > lambd, x + bias where x < -lambd, 0 elsewhere (integers computed in
+    float64 and converted back)."""
+    lambd, bias = float(attribute(op, "lambd", 0.5)), float(attribute(op, "bias", 0.0))
+
+    def kernel(inputs):
+        x = inputs[0]
+        xs = x if x.dtype.kind == "f" else x.astype(np.float64)
+        y = np.where(xs < -lambd, xs + bias, np.where(xs > lambd, xs - bias, 0))
+        return [np.asarray(y).astype(x.dtype, copy=False)]
+    return kernel
+
+
 def _build_prelu(op, opset: int) -> Kernel:
     return lambda inputs: [_prelu(inputs[0], inputs[1])]
 
@@ -301,4 +314,5 @@ KERNELS: dict = {
     "Softsign": unary(_softsign),
     "Mish": unary(_mish),
     "ThresholdedRelu": _build_thresholded_relu,
+    "Shrink": _build_shrink,
 }

@@ -1,5 +1,5 @@
 """Kernels of the indexing family: Gather, GatherElements, GatherND, ScatterND,
-ScatterElements, NonZero.  Negative indices count from the end of their axis."""
+ScatterElements, NonZero (OneHot is in selection.py).  Negative indices count from the end of their axis."""
 
 from __future__ import annotations
 

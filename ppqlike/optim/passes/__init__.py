@@ -5,6 +5,7 @@ from .alignment import QuantizationAlignmentPass
 from .baking import ParameterBakingPass
 from .bias_correction import BiasCorrectionPass
 from .bias_range import Int32BiasRangePass
+from .bodies import BodyQuantizationPass
 from .calibration import RuntimeCalibrationPass
 from .equalization import LayerwiseEqualizationPass
 from .fusion import FusionPass
@@ -24,4 +25,4 @@ __all__ = ["QuantizeRefinePass", "FusionPass", "QuantizationSimplifyPass", "Para
            "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass",
            "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass",
            "RuntimeKernelPass", "SmoothQuantPass", "ActivationRangeSearchPass", "Int32BiasRangePass",
-           "QuantizationPlacementPass", "LayerProtectionPass"]
+           "QuantizationPlacementPass", "LayerProtectionPass", "BodyQuantizationPass"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.ir import Graph, Operation, Variable
-from ...core.op_facts import zero_keeping_inputs, zero_sensitive_inputs
+from ...core.op_facts import output_is_non_float, zero_keeping_inputs, zero_sensitive_inputs
 from ...core.patterns import find_transformer_blocks
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.quant_graph import input_config
@@ -35,9 +35,14 @@ S = QuantizationStates
 
 
 def is_float_tensor(variable: Variable) -> bool:
-    """A floating-point tensor (or one whose type is unknown, which the executor computes in float)."""
+    """A floating-point tensor, or one whose type is unknown and that its producer does not make integer or
+    boolean by definition (an index, a mask, a code: ``op_facts.output_is_non_float``)."""
     dtype = variable.dtype if variable.value is None else variable.value.dtype
-    return dtype is None or np.issubdtype(dtype, np.floating)
+    if dtype is None:
+        producer = variable.producer
+        return producer is None or not any(output is variable and output_is_non_float(producer, index)
+                                           for index, output in enumerate(producer.outputs))
+    return np.issubdtype(dtype, np.floating)
 
 
 class QuantizeRefinePass(QuantizationOptimizationPass):
