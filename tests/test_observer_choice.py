@@ -71,3 +71,23 @@ def test_the_closest_candidate_is_kept_and_the_graph_is_its_own(platform, outlie
     alone = _quantize(model, batches, report["observer_chosen"], platform)
     assert _ranges(graph) == _ranges(alone)
 
+
+
+def test_a_classifier_bias_add_leaves_its_matmul_output_terminal():
+    """x -> MatMul -> Add(constant bias) -> y, 3-D (so not fused into a Gemm): the MatMul's output reaches
+    the output through a constant shift only, so balanced gives it the terminal observer (min-max: the top
+    logit is not clipped, which would make quantized logits tie at the top code), as it does the output."""
+    weight, bias = RNG.standard_normal((16, 10)).astype(np.float32), RNG.standard_normal(10).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc"),
+             helper.make_node("Add", ["logits", "b"], ["y"], name="bias")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 2, 16])],
+                       [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 2, 10])],
+                       [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    batches = [b.reshape(8, 2, 16) for b in _batches(False)]
+    graph = api.quantize_onnx_model(model, batches, platform="ORT_INT8")
+    assert [op.type for op in graph.operations.values()] == ["MatMul", "Add"]
+    config = graph.operations["fc"].config.output_quantization_config[0]
+    assert config.observer_algorithm == "minmax"
+    logits = np.concatenate(batches[:4]) @ weight   # the fifth batch is held aside
+    top = (255 - float(config.offset)) * float(config.scale)
+    assert top >= logits.max() - float(config.scale)   # the largest calibration logit is not clipped

@@ -17,7 +17,7 @@ def test_plain_changes_nothing_and_balanced_fills_only_what_is_left_to_it():
     balanced = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="balanced")
     applied, report = apply_recipe(balanced, "ORT_INT8")
     assert report["changed"] == {"activation_observer": RECIPES["balanced"].activation_observer,
-                                 "terminal_observer": "mse", "smooth_quant": True, "protection": True}
+                                 "terminal_observer": "minmax", "smooth_quant": True, "protection": True}
     assert applied.activation_observer == RECIPES["balanced"].activation_observer and not applied.equalization
     explicit = ppqlike.QuantizationSettingFactory.for_platform("TRT_INT8", recipe="balanced")
     explicit.activation_observer = "kl"  # the user's choice wins over the recipe's
@@ -26,7 +26,7 @@ def test_plain_changes_nothing_and_balanced_fills_only_what_is_left_to_it():
     assert apply_recipe(explicit, "TRT_INT8") == (explicit, {"recipe": "balanced", "changed": {}})
     best, report = apply_recipe(ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best"),
                                 "ORT_INT8")
-    assert report["changed"] == {"activation_observer": "auto", "terminal_observer": "mse", "bias_correction": True,
+    assert report["changed"] == {"activation_observer": "auto", "terminal_observer": "minmax", "bias_correction": True,
                                  "adaround": True, "time_budget_s": RECIPES["best"].time_budget_s,
                                  "smooth_quant": True, "range_search": True, "protection": True}
     budgeted = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best")

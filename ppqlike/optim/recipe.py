@@ -64,15 +64,21 @@ RECIPES = {
     # SqueezeNet TRT 0.9897 -> 0.9920, TPU 0.9860 -> 0.9889, ORT 0.9965 -> 0.9943 (mean_minmax alone);
     # EfficientNet-Lite0 TRT 0.9927 -> 0.9908, TPU 0.9923 -> 0.9904, ORT 0.9935 -> 0.9914 (mean_minmax alone;
     # 'auto' keeps whichever of mean_minmax and mse is closer to FP32 on held-aside samples, per model).
+    # Round 3: min-max a third 'auto' candidate (SLANet ORT_INT8 held-aside verdict 0.946 -> 0.998), and the
+    # terminal observer min-max instead of MSE, terminal tensors including those a bias Add/Mul of a constant
+    # passes to an output: on the dev images, quantized logits that MSE or mean-min-max clip tie at the top
+    # code (MobileNetV2 ORT_INT8: 12.7% of images tied, agreement 0.883, 0.967 were ties broken for FP32).
+    # Held-aside top-1 agreement / logits cosine, MSE -> min-max terminal: SqueezeNet ORT 0.96/0.99653 ->
+    # 0.98/0.99648, TPU 0.94/0.9964 -> 0.95/0.9961, MobileNetV2 ORT (bias Add now terminal) 0.93 -> 0.94.
     # mean_minmax alone on SqueezeNet's logits (a terminal tensor, read by the float Softmax): ORT 0.9387,
     # hence the terminal observer.  Protection alone: MobileNetV2 TRT percentile 0.9841 -> 0.9928 (the first
     # depthwise input).  Percentile won on MobileNetV2 and lost on SqueezeNet; KL and min-max lost everywhere.
     "balanced": Recipe("balanced", "per-tensor activation ranges: mean over samples of per-sample extremes "
-                                   "(NNCF's) or the MSE range, whichever keeps held-aside calibration outputs "
-                                   "closer to FP32, the MSE range for tensors no quantized op reads; the few "
+                                   "(NNCF's), the MSE range or min-max, whichever keeps held-aside calibration "
+                                   "outputs closest to FP32, min-max for tensors no quantized op reads; the few "
                                    "layers whose quantization alone wrecks the output protected; SmoothQuant "
                                    "on transformers",
-                       activation_observer="auto", terminal_observer="mse", smooth_quant=True, protection=True),
+                       activation_observer="auto", terminal_observer="minmax", smooth_quant=True, protection=True),
     # balanced, then each Conv/Gemm's weight rounding learned against its FP32 output (range search first),
     # and the bias corrected for what error is left; stops at the budget with the layers done so far.
     # Chosen on calibration data (150 images calibrate, 50 held aside; logits cosine against FP32, balanced
@@ -88,7 +94,7 @@ RECIPES = {
                            "activation ranges searched at their readers with quantized inputs, and empirical bias "
                            "correction", activation_observer="auto", bias_correction=True,
                    adaround=True, time_budget_s=240.0, smooth_quant=True, range_search=True,
-                   terminal_observer="mse", protection=True),
+                   terminal_observer="minmax", protection=True),
 }
 
 
@@ -200,7 +206,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
             passes.append(Int32BiasRangePass())
     if setting.bias_correction:  # measures the error of the weights as they will be baked
         passes.append(BiasCorrectionPass(steps=setting.bias_correction_steps,
-                                         new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0))
+                                         new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0,
+                                         scope=setting.bias_correction_scope))
     if setting.protection:  # after the passes that change configs, before the accuracy target
         passes.append(LayerProtectionPass(higher_precision_bits=policy.higher_precision_bits,
                                           float_boundaries=policy.placement == "compute_inputs",

@@ -81,7 +81,9 @@ class QuantizationSetting(PPQSettingViews):
     a Clip are handled,
     ``equalization_max_scale`` bounds each channel's scale), ``bias_correction``
     (empirical per-channel bias correction on ``bias_correction_steps``
-    calibration batches, None: all), ``adaround`` (learned rounding of the
+    calibration batches, None: all; ``bias_correction_scope`` 'weights': the mean error of the quantized
+    weights on the quantized model's inputs, 'layer': of the weights and the op's own input grid on FP32
+    inputs, as NNCF's fast bias correction), ``adaround`` (learned rounding of the
     weights: ``adaround_steps`` Adam iterations per layer on
     ``adaround_samples`` rows of the layer's input, after a search of the
     weight range),
@@ -131,6 +133,7 @@ class QuantizationSetting(PPQSettingViews):
     equalization_max_scale: float = 16.0
     bias_correction: bool = False
     bias_correction_steps: int | None = None
+    bias_correction_scope: str = "weights"
     adaround: bool = False
     adaround_steps: int = 500
     adaround_samples: int = 4096
@@ -173,6 +176,9 @@ class QuantizationSetting(PPQSettingViews):
         if self.equalization_clip not in _EQUALIZATION_CLIP:
             raise PlatformError(f"setting.equalization_clip {self.equalization_clip!r} is unknown; "
                                 f"choose one of {_EQUALIZATION_CLIP}")
+        if self.bias_correction_scope not in ("weights", "layer"):
+            raise PlatformError(f"setting.bias_correction_scope {self.bias_correction_scope!r} is unknown; choose "
+                                "'weights' or 'layer'")
         if self.calibration_backend not in ("local", "ray"):
             raise PlatformError(f"setting.calibration_backend {self.calibration_backend!r} is unknown; choose "
                                 "'local' or 'ray'")

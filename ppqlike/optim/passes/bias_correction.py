@@ -63,6 +63,7 @@ from ...core.quant import (QuantizationPolicy, QuantizationProperty, Quantizatio
                            TensorQuantizationConfig)
 from ...core.quant_graph import configured_operations, input_config
 from ...executor import NumpyExecutor, OperationHook
+from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
 
 S = QuantizationStates
@@ -120,6 +121,37 @@ def _gemm_error_mean(operation: Operation, x: np.ndarray, delta: np.ndarray) -> 
         return None
     weight = delta.T if operation.attributes.get("transB", 0) else delta          # [K, M]
     return float(operation.attributes.get("alpha", 1.0)) * (x.mean(axis=0, dtype=np.float64) @ weight)
+
+
+class _LayerErrorHook(OperationHook):
+    """Before each watched op of an FP32 run: the channel means of op(Q(x), W_q) - op(x, W), no bias, where
+    x is the op's FP32 input and Q its input quantization (``scope='layer'``: the op's own error, weights
+    and input grid, as NNCF's fast bias correction measures it; never errors of the ops before it)."""
+
+    def __init__(self, executor: NumpyExecutor, weights: dict[str, tuple], quantizers: dict[str, Callable]):
+        self.executor, self.weights, self.quantizers = executor, weights, quantizers
+        self.sums = {name: 0.0 for name in weights}
+        self.counts = {name: 0 for name in weights}
+
+    def _mean(self, operation: Operation, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        mean = _conv_error_mean(operation, x, weight) if operation.type == "Conv" else \
+            _gemm_error_mean(operation, x, weight) if operation.type == "Gemm" else None
+        if mean is None:
+            arguments = [x, weight] + ([None] if operation.type == "Gemm" else [])
+            output = self.executor.run_operation(operation, arguments, quantized=False)[0].astype(np.float64)
+            mean = output.mean(axis=tuple(a for a in range(output.ndim) if a != 1))
+        return mean
+
+    def before_operation(self, operation: Operation, inputs: list):
+        if operation.name not in self.weights:
+            return None
+        x, (fp32, quantized) = np.asarray(inputs[0], np.float32), self.weights[operation.name]
+        quantizer = self.quantizers.get(operation.name)
+        seen = quantizer(x, np.empty_like(x)) if quantizer is not None else x
+        error = self._mean(operation, seen, quantized) - self._mean(operation, x, fp32)
+        self.sums[operation.name] = self.sums[operation.name] + error * x.shape[0]
+        self.counts[operation.name] += x.shape[0]
+        return None
 
 
 class _ErrorHook(OperationHook):
@@ -185,10 +217,26 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
 
     name = "bias_correction"
 
-    def __init__(self, steps: int | None = None, new_bias: str | None = None, verbose: bool = True):
+    def __init__(self, steps: int | None = None, new_bias: str | None = None, verbose: bool = True,
+                 scope: str = "weights"):
         if new_bias not in (None, "int32", "float"):
             raise ValueError(f"new_bias must be 'int32', 'float' or None, not {new_bias!r}")
-        self.steps, self.new_bias, self.verbose = steps, new_bias, verbose
+        if scope not in ("weights", "layer"):
+            raise ValueError(f"scope must be 'weights' or 'layer', not {scope!r}")
+        self.steps, self.new_bias, self.verbose, self.scope = steps, new_bias, verbose, scope
+
+    def _layer_hook(self, graph: Graph, executor: NumpyExecutor, deltas: dict) -> _LayerErrorHook:
+        weights, quantizers = {}, {}
+        for name, delta in deltas.items():
+            operation = graph.operations[name]
+            fp32 = operation.inputs[1].value.astype(np.float32)
+            weights[name] = (fp32, fp32 + delta)
+            config = input_config(operation, 0)
+            if config is not None and config.scale is not None and config.state in (S.ACTIVATED, S.OVERLAPPED,
+                                                                                     S.PASSIVE, S.SLAVE):
+                quantizers[name] = config.fake_quantizer() if not config.policy.per_channel else \
+                    (lambda x, out, config=config: config.fake_quantize(x))
+        return _LayerErrorHook(executor, weights, quantizers)
 
     def _targets(self, graph: Graph) -> tuple[dict, list]:
         deltas, skipped = {}, []
@@ -228,11 +276,15 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
         deltas, skipped = self._targets(graph)
         if not deltas:
             return {"corrected": 0, "skipped": len(skipped), "skipped_ops": skipped}
-        hook = _ErrorHook(executor, deltas)
+        hook = _ErrorHook(executor, deltas) if self.scope == "weights" else self._layer_hook(graph, executor, deltas)
         steps = self.steps if self.steps is not None else calib_steps
         batches = 0
         for batch in iterate_calibration(dataloader, steps, collate_fn, "bias correction", self.verbose):
-            executor.forward(batch, hooks=[hook])
+            if self.scope == "weights":
+                executor.forward(batch, hooks=[hook])
+            else:
+                with dequantized(graph):
+                    executor.forward(batch, hooks=[hook])
             batches += 1
         new_bias = self.new_bias or ("int32" if _graph_quantizes_bias(graph) else "float")
         details, created, float_biases = [], 0, []
@@ -270,7 +322,7 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
             details.append({"op": name, "channels": int(error.size), "mean_abs_correction": float(np.abs(error).mean()),
                             "max_abs_correction": float(np.abs(error).max()),
                             "mean_abs_bias": float(np.abs(bias.value).mean()), "stored": where})
-        return {"corrected": len(details), "biases_created": created, "new_bias": new_bias, "batches": batches,
+        return {"corrected": len(details), "scope": self.scope, "biases_created": created, "new_bias": new_bias, "batches": batches,
                 "float_biases_changed": float_biases,
                 "mean_abs_correction": float(np.mean([d["mean_abs_correction"] for d in details])) if details else 0.0,
                 "skipped": len(skipped), "ops": details, "skipped_ops": skipped}

@@ -91,16 +91,24 @@ def observer_hook(observers: list) -> _ObserverHook:
     return _ObserverHook(inputs_watch, outputs_watch)
 
 
+#: elementwise ops that, with a constant other operand, only shift or scale a tensor (a MatMul's bias Add)
+_AFFINE_TYPES = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
 def _terminal(variable, graph_outputs: set[str]) -> bool:
     """Whether no quantized computation reads ``variable``: it is a graph output, or each reader leaves it
-    float, or is a value-preserving op (Reshape, Flatten, ...) whose result is itself terminal."""
+    float, or is a value-preserving op (Reshape, Flatten, ...) or an Add/Sub/Mul/Div of a constant (the bias
+    of a MatMul classifier) whose result is itself terminal."""
     if variable.name in graph_outputs:
         return True
     for reader in variable.consumers:
         configs = [input_config(reader, i) for i, v in enumerate(reader.inputs) if v is variable]
         if all(c is None or c.state in (S.FP32, S.SOI, S.DEACTIVATED) for c in configs):
             continue
-        if reader.type in VALUE_PRESERVING_TYPES and all(_terminal(out, graph_outputs) for out in reader.outputs):
+        passes_through = reader.type in VALUE_PRESERVING_TYPES or (
+            reader.type in _AFFINE_TYPES and all(v is variable or (v is not None and v.is_parameter)
+                                                 for v in reader.inputs))
+        if passes_through and all(_terminal(out, graph_outputs) for out in reader.outputs):
             continue
         return False
     return True
