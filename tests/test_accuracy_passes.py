@@ -311,6 +311,49 @@ def test_bias_correction_on_float_bias_platform_keeps_new_bias_float():
     assert graph.operations["conv1"].config.input_quantization_config[2] is None
 
 
+def test_layer_scope_bias_correction_makes_each_layer_mean_exact_on_fp32_inputs():
+    """scope='layer' (NNCF's fast bias correction): for each corrected op, on the calibration data, the mean
+    output channel of op(Q(x), W_q) with the corrected bias equals that of op(x, W) with the FP32 bias, x
+    the op's FP32 input and Q its input grid; the weights-only scope leaves the input-grid part."""
+    rng = np.random.default_rng(4)
+    batches = [rng.random((4, 3, 8, 8)).astype(np.float32) for _ in range(3)]
+    from ppqlike.optim.passes.bias_correction import quantized_weight
+    from ppqlike.executor import OperationHook
+    gaps = {}
+    for scope in ("weights", "layer"):
+        graph, policy = prepared(no_bias_model(), "TRT_INT8")
+        original = {name: graph.operations[name].inputs[1].value.copy() for name in ("conv2", "fc")}
+        biases = {name: graph.operations[name].inputs[2].value.copy() for name in ("conv2", "fc")}
+        correction = BiasCorrectionPass(new_bias=None, verbose=False, scope=scope)
+        executor, _ = run_passes(graph, policy, batches, [correction], stop_before="bias_correction")
+        inputs = {name: [] for name in original}
+
+        class Keep(OperationHook):
+            def before_operation(self, operation, arguments):
+                if operation.name in inputs:
+                    inputs[operation.name].append(np.asarray(arguments[0]))
+        with dequantized(graph):   # the FP32 inputs the pass sees (before it moves TensorRT's float biases)
+            for batch in batches:
+                executor.forward(batch, hooks=[Keep()])
+        report = correction.optimize(graph, executor=executor, dataloader=batches, calib_steps=len(batches))
+        assert report["scope"] == scope and report["corrected"] == 3
+        for name in original:
+            operation = graph.operations[name]
+            x = np.concatenate(inputs[name])
+            config = operation.config.input_quantization_config
+            seen = config[0].fake_quantize(x)
+            weight_q = quantized_weight(config[1], original[name])
+            run = lambda data, weight, bias: executor.run_operation(operation, [data, weight, bias],
+                                                                    quantized=False)[0]
+            quantized = run(seen, weight_q, operation.inputs[2].value).mean(axis=0)
+            reference = run(x, original[name], biases[name]).mean(axis=0)
+            axes = tuple(range(1, quantized.ndim))
+            gaps[scope, name] = np.abs((quantized - reference).mean(axis=axes) if axes else quantized - reference)
+    for name in ("conv2", "fc"):
+        assert gaps["layer", name].max() < 1e-4 * (1 + np.abs(biases[name]).max()), gaps["layer", name]
+        assert gaps["weights", name].max() > 10 * gaps["layer", name].max()
+
+
 def test_bias_correction_fast_conv_mean_matches_running_the_conv():
     from ppqlike.executor.ops import build_kernel
     from ppqlike.optim.passes.bias_correction import _conv_error_mean
