@@ -22,6 +22,7 @@ from .core.errors import CalibrationDataError, GraphError, ModelLoadError, Platf
 from .core.ir import Graph
 from .core.subgraphs import has_bodies
 from .executor import NumpyExecutor
+from .executor.ops import check_runnable
 from .export.platform import export_for_platform
 from .io import load_onnx_graph
 from .io.import_quantized import import_quantized
@@ -187,6 +188,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
             f"single-input models, or of dicts name -> array), not {type(calib_dataloader).__name__}; "
             "wrap a single batch in a list")
     graph = onnx_import_file if isinstance(onnx_import_file, Graph) else _load_graph(onnx_import_file)
+    check_runnable(graph)  # before any calibration batch is drawn
     if not graph.inputs:
         raise GraphError(f"model {graph.name!r} has no inputs: every value is a constant, so there is nothing to "
                          "calibrate or quantize; give the model its inputs (or fold it to constants)")
