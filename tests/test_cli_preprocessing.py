@@ -146,6 +146,28 @@ def test_crop_alone_on_a_fixed_size_model_resizes_first(tmp_path, capsys, monkey
     assert "--letterbox" in out and "--letterbox-value" in out
 
 
+def test_dynamic_size_arrays_of_several_shapes_in_one_batch_are_refused_from_their_headers(tmp_path, capsys,
+                                                                                            monkeypatch):
+    from ppqlike.io.calibration_data import CalibrationFolder
+    folder = tmp_path / "arrays"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    np.save(folder / "a.npy", rng.standard_normal((2, 3, 8, 8)).astype(np.float32))
+    np.save(folder / "b.npy", rng.standard_normal((3, 8, 8)).astype(np.float32))      # one sample
+    np.save(folder / "c.npy", rng.standard_normal((1, 3, 10, 12)).astype(np.float32))
+    monkeypatch.setattr(np, "load", lambda *a, **k: pytest.fail("an array was read"))
+    spec = {"images": ["N", 3, "height", "width"]}
+    with pytest.raises(CalibrationDataError, match=r"input 'images' .*a.npy \[3, 8, 8\], b.npy \[3, 8, 8\], "
+                                                   r"c.npy \[3, 10, 12\].*--batch-size 1"):
+        CalibrationFolder(folder, spec, batch_size=4)
+    assert len(CalibrationFolder(folder, spec, batch_size=3)) == 2   # [a, a, b] and [c]: one shape each
+    with pytest.raises(CalibrationDataError, match="c.npy"):
+        CalibrationFolder(folder, spec, batch_size=2)                  # [a, a], [b, c]
+    model = detector_model(tmp_path / "det.onnx")
+    code, _, err = _run(capsys, "quantize", model, "--calib", folder, "--out", tmp_path / "out", "--batch-size", 4)
+    assert code == 2 and err.count("\n") == 1 and "would share a batch of 4" in err
+
+
 # ------------------------------------------------------------------------------------------ letterbox
 def _save(path, pixels) -> str:
     Image.fromarray(np.asarray(pixels, dtype=np.uint8)).save(path)

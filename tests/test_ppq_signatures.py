@@ -195,3 +195,25 @@ def test_a_one_shot_dataloader_shorter_than_calib_steps_is_an_error(tmp_path):
     path = small_model(tmp_path / "model.onnx")
     with pytest.raises(PPQLikeError, match="yielded only 2 batches and cannot be run again"):
         ppqlike.quantize_onnx_model(path, (b for b in samples(2)), calib_steps=5)
+
+
+def test_ppq_lib_pipeline_with_calib_steps_32_over_4_batches(tmp_path):
+    # PPQ's QuantZoo scripts: PFL.Pipeline([...]).optimize(..., calib_steps=32) over a short calibration loader
+    import ppqlike.lib as PFL
+    from ppqlike import TargetPlatform, TorchExecutor, load_onnx_graph
+    from ppqlike.quantization.optim import ParameterQuantizePass, RuntimeCalibrationPass
+    graph = load_onnx_graph(onnx_import_file=small_model(tmp_path / "model.onnx"))
+    quantizer = PFL.Quantizer(platform=TargetPlatform.TRT_INT8, graph=graph)
+    for name, op in graph.operations.items():
+        if op.type in {"Conv", "Gemm"}:
+            quantizer.quantize_operation(name, platform=TargetPlatform.TRT_INT8)
+    loader = _CountingLoader(samples(4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        PFL.Pipeline([ParameterQuantizePass(), RuntimeCalibrationPass()]).optimize(
+            graph=graph, dataloader=loader, verbose=False, calib_steps=32, collate_fn=lambda x: x.to("cpu"),
+            executor=TorchExecutor(graph=graph))
+    assert loader.drawn == 32
+    repeats = [str(w.message) for w in caught if w.category is CalibrationRepeatWarning]
+    assert len(repeats) == 1 and "holds 4 batches: it is run 8 times for 32 batches" in repeats[0]
+    assert graph.operations["conv1"].config.output_quantization_config[0].scale is not None  # calibrated

@@ -195,10 +195,13 @@ class CalibrationFolder:
         else:
             self.files = arrays
             self.image_options = {}
+            self.sample_shapes: dict[str, dict[str, tuple]] = {}
             self.counts = [self._count(name) for name in arrays]
         self.samples = sum(self.counts)
         if self.samples == 0:
             raise CalibrationDataError(f"calibration folder {self.folder!r}: its array files hold no samples")
+        if self.kind == "arrays":
+            self._check_batches_of_one_shape()
 
     # ------------------------------------------------------------------ images
     # ------------------------------------------------------------------ arrays
@@ -246,12 +249,40 @@ class CalibrationFolder:
     def _count(self, name: str) -> int:
         shapes = _array_shapes(os.path.join(self.folder, name))
         assignment = self._assign(name, list(shapes))
+        self.sample_shapes[name] = {
+            spec.name: tuple(shapes[assignment[spec.name]])[
+                0 if spec.rank is not None and len(shapes[assignment[spec.name]]) == spec.rank - 1 else 1:]
+            for spec in self.specs}
         counts = {n: self._samples_in(name, spec, shapes[assignment[spec.name]])
                   for n, spec in ((s.name, s) for s in self.specs)}
         if len(set(counts.values())) > 1:
             raise CalibrationDataError(f"calibration file {os.path.join(self.folder, name)!r}: its arrays hold "
                                        f"different numbers of samples {counts}")
         return next(iter(counts.values()))
+
+    def _check_batches_of_one_shape(self) -> None:
+        """The samples of each batch must share one shape (an input whose dims are not fixed takes them from
+        the arrays): checked from the headers, before any array is read; the error names the files."""
+        start = 0
+        batch_files: list[str] = []
+        for name, count in zip(self.files, self.counts):
+            first_batch, last_batch = start // self.batch_size, (start + count - 1) // self.batch_size
+            if count and batch_files and first_batch != (start - 1) // self.batch_size:
+                batch_files = []
+            if count:
+                batch_files.append(name)
+                for spec in self.specs:
+                    shapes = {self.sample_shapes[f][spec.name] for f in batch_files}
+                    if len(shapes) > 1:
+                        shown = ", ".join(f"{f} {list(self.sample_shapes[f][spec.name])}" for f in batch_files[:4])
+                        raise CalibrationDataError(
+                            f"calibration files in {self.folder!r} would share a batch of {self.batch_size} with "
+                            f"samples of different shapes for input {spec.name!r} of shape {list(spec.shape or [])}: "
+                            f"{shown}; give the arrays one shape, or a batch size that keeps them apart "
+                            "(--batch-size 1)")
+                if last_batch != first_batch:
+                    batch_files = [name]
+            start += count
 
     def _load_arrays(self, name: str) -> dict[str, np.ndarray]:
         path = os.path.join(self.folder, name)
