@@ -203,11 +203,14 @@ def test_missing_external_data(workdir):
 
 
 def test_subgraph_of_an_op_ppqlike_does_not_read(workdir):
-    """If/Loop/Scan bodies load (tests/test_control_flow.py); a subgraph of any other op is refused, naming it."""
+    """If/Loop/Scan/SequenceMap bodies load (tests/test_control_flow.py); a subgraph of any other op (here of
+    a custom domain's) is refused, naming it."""
     body = helper.make_graph([helper.make_node("Identity", ["s"], ["t"])], "body", [_info("s")], [_info("t")])
-    model = make_model([helper.make_node("SequenceMap", ["seq"], ["out"], name="mapping", body=body)],
+    model = make_model([helper.make_node("MapEach", ["seq"], ["out"], name="mapping", domain="com.example",
+                                         body=body)],
                        [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)],
                        [helper.make_tensor_sequence_value_info("out", TensorProto.FLOAT, None)], opset=17)
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
     _expect_error(workdir, _save(workdir, model), "model.onnx", "'mapping'", "subgraph", error=ModelLoadError)
 
 

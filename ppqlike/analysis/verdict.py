@@ -31,17 +31,6 @@ class QuantizationQualityWarning(UserWarning):
     """The quantized model's outputs are far from the FP32 model's on held-aside calibration samples."""
 
 
-def _limited(batch, samples: int):
-    """The first ``samples`` samples of ``batch``; the batch as it is when its inputs do not share a leading
-    batch axis (a scalar input, a state whose batch axis is not the first)."""
-    if isinstance(batch, dict):
-        arrays = {name: np.asarray(value) for name, value in batch.items()}
-        if len({a.shape[0] if a.ndim else None for a in arrays.values()}) != 1 or not all(a.ndim for a in arrays.values()):
-            return arrays
-        return {name: value[:samples] for name, value in arrays.items()}
-    return np.asarray(batch)[:samples]
-
-
 def quantization_verdict(graph: Graph, executor: NumpyExecutor, batch, held_aside: bool,
                          threshold: float = VERDICT_THRESHOLD, samples: int = 16, worst: int = 5) -> dict:
     """The output cosine of ``graph`` against FP32 on ``batch`` (at most ``samples`` samples) and, below

@@ -3,8 +3,10 @@
 No single range estimator wins on every model.  Measured on calibration images held aside (logits
 cosine): NNCF's mean over samples of per-sample extremes beats the MSE range on MobileNetV2 (ORT_INT8
 0.9958 against 0.9892, TRT_INT8 0.9948 against 0.9893) and loses on EfficientNet-Lite0 (0.9914 against
-0.9935).  So both are kept, and the calibration pass renders the graph with each in turn and keeps the
-one whose outputs are closer to FP32 on held-aside calibration samples (``select``).
+0.9935).  So both are kept, and the plain min-max range beside them (it wins where every sample's extremes
+matter: SLANet's table decoder, ORT_INT8 output cosine 0.987 with the better of the two, 0.996 with
+min-max); the calibration pass renders the graph with each in turn and keeps the one whose outputs are
+closest to FP32 on held-aside calibration samples (``select``).
 
 State: one state per candidate (each mergeable exactly, so the choice merges too); ``chosen`` names the
 candidate :meth:`thresholds` and :meth:`render` read (the first until the pass chooses).
@@ -16,13 +18,14 @@ import numpy as np
 
 from .base import Observer
 from .mean_minmax import MeanMinMaxObserver
+from .minmax import MinMaxObserver
 from .mse import MSEObserver
 
 __all__ = ["ChoiceObserver", "CANDIDATES"]
 
 #: the candidates of 'auto', in the order they are tried (the first wins ties)
-CANDIDATES = ("mean_minmax", "mse")
-_TYPES = {"mean_minmax": MeanMinMaxObserver, "mse": MSEObserver}
+CANDIDATES = ("mean_minmax", "mse", "minmax")
+_TYPES = {"mean_minmax": MeanMinMaxObserver, "mse": MSEObserver, "minmax": MinMaxObserver}
 
 
 class ChoiceObserver(Observer):

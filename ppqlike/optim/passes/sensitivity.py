@@ -52,12 +52,18 @@ def cosine_lower_bound(values: np.ndarray) -> float:
 
 def leading_samples(batch, samples: int):
     """The first ``samples`` samples of a batch (an array, a list of arrays or a dict of arrays, each with a
-    leading batch axis)."""
+    leading batch axis); the batch as it is when its inputs do not share one (a scalar input such as a
+    Loop's trip count, a state whose batch axis is not the first)."""
     if isinstance(batch, dict):
-        return {name: np.asarray(value)[:samples] for name, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return [np.asarray(value)[:samples] for value in batch]
-    return np.asarray(batch)[:samples]
+        arrays = {name: np.asarray(value) for name, value in batch.items()}
+    elif isinstance(batch, (list, tuple)):
+        arrays = dict(enumerate(np.asarray(value) for value in batch))
+    else:
+        return np.asarray(batch)[:samples] if np.ndim(batch) else np.asarray(batch)
+    if not all(a.ndim for a in arrays.values()) or len({a.shape[0] for a in arrays.values()}) > 1:
+        return batch
+    limited = {name: value[:samples] for name, value in arrays.items()}
+    return limited if isinstance(batch, dict) else list(limited.values())
 
 
 def sample_count(batch) -> int:

@@ -1,0 +1,73 @@
+"""The 'auto' activation observer (optim/observers/choice.py, chosen in optim/passes/calibration.py): each
+candidate range estimator is tried on held-aside calibration samples, the one closest to FP32 is kept, and
+the graph is then exactly the graph that candidate alone gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from ppqlike import api
+from ppqlike.export.common import iter_configs
+from ppqlike.optim.observers.choice import CANDIDATES
+from ppqlike.optim.setting import QuantizationSettingFactory
+
+from onnx_helpers import make_model
+
+RNG = np.random.default_rng(23)
+
+
+def _model():
+    """x -> MatMul -> Relu -> MatMul -> y (16 features)."""
+    tensors = {"w1": RNG.standard_normal((16, 16)) * 0.4, "w2": RNG.standard_normal((16, 4)) * 0.4}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")]
+    return make_model(nodes, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 16])],
+                      [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4])],
+                      [numpy_helper.from_array(v.astype(np.float32), k) for k, v in tensors.items()])
+
+
+def _batches(outliers: bool) -> list[np.ndarray]:
+    """Five batches of 16 samples; with ``outliers``, every fourth sample is 30 times larger (a rare loud
+    input: a range from the mean of per-sample extremes clips it, min-max keeps it)."""
+    batches = []
+    for _ in range(5):
+        x = RNG.standard_normal((16, 16)).astype(np.float32)
+        if outliers:
+            x[::4] *= 30
+        batches.append(x)
+    return batches
+
+
+def _quantize(model, batches, observer: str, platform: str = "ORT_INT8"):
+    setting = QuantizationSettingFactory.for_platform(platform)
+    setting.recipe, setting.activation_observer = "plain", observer
+    return api.quantize_onnx_model(model, batches, platform=platform, setting=setting)
+
+
+def _report(graph) -> dict:
+    return next(p["report"] for p in graph.metadata["quantization"]["passes"] if p["name"] == "calibration")
+
+
+def _ranges(graph) -> dict:
+    return {(op.name, side, slot): (np.asarray(config.scale).tolist(), np.asarray(config.offset).tolist(),
+                                    config.quant_min, config.quant_max)
+            for op, side, slot, _, config in iter_configs(graph)}
+
+
+@pytest.mark.parametrize("platform", ["ORT_INT8", "TRT_INT8", "TPU_INT8"])
+@pytest.mark.parametrize("outliers", [False, True])
+def test_the_closest_candidate_is_kept_and_the_graph_is_its_own(platform, outliers):
+    model, batches = _model(), _batches(outliers)
+    graph = _quantize(model, batches, "auto", platform)
+    report = _report(graph)
+    errors = report["observer_errors"]
+    assert list(errors) == list(CANDIDATES)
+    assert report["observer_chosen"] == min(errors, key=errors.get)
+    assert report["observer_chosen_on"] == 64   # the held-aside batch (the last of five), then the first three
+    alone = _quantize(model, batches, report["observer_chosen"], platform)
+    assert _ranges(graph) == _ranges(alone)
+
