@@ -20,7 +20,7 @@ _PUBLIC_NAMES = {
     "quantize_onnx_model": "ppqlike.api", "export_ppq_graph": "ppqlike.api",
     "import_quantized_onnx": "ppqlike.api",
     "QuantizationSetting": "ppqlike.optim.setting", "QuantizationSettingFactory": "ppqlike.optim.setting",
-    "TargetPlatform": "ppqlike.platforms.target", "dispatch_graph": "ppqlike.platforms.dispatch",
+    "TargetPlatform": "ppqlike.platforms.target", "dispatch_graph": "ppqlike.api",
     "register_pass": "ppqlike.optim.base", "QuantizationOptimizationPass": "ppqlike.optim.base",
     "graphwise_error_analyse": "ppqlike.analysis", "layerwise_error_analyse": "ppqlike.analysis",
     "compare_stages": "ppqlike.analysis",

@@ -17,17 +17,19 @@ import numpy as np
 from .analysis.error import graphwise_error_analyse, layerwise_error_analyse
 from .analysis.verdict import quantization_verdict
 from .core.compat import ignore_device, note_once, tolerant_collate
-from .core.errors import CalibrationDataError, GraphError, PlatformError
+from .core.declared_names import refuse_unknown_keywords
+from .core.errors import CalibrationDataError, GraphError, ModelLoadError, PlatformError, UnknownKeywordError
 from .core.ir import Graph
 from .core.subgraphs import has_bodies
 from .executor import NumpyExecutor
+from .executor.ops import check_runnable
 from .export.platform import export_for_platform
 from .io import load_onnx_graph
 from .io.import_quantized import import_quantized
-from .io.load import is_imported, load_graph
+from .io.load import is_imported, load_graph as _load_graph
 from .optim.recipe import apply_recipe, build_pipeline, effective_setting, format_for_quantization, resolve_policy
 from .optim.setting import QuantizationSetting, QuantizationSettingFactory
-from .platforms.dispatch import dispatch_graph
+from .platforms.dispatch import dispatch_graph as _dispatch_graph
 from .platforms.quantizer import PlatformQuantizer
 from .platforms.target import TargetPlatform
 from .ppq_names import (BaseGraph, ENABLE_CUDA_KERNEL, PPQ_CONFIG, TorchExecutor, convert_any_to_numpy,
@@ -99,7 +101,7 @@ class _CheckedBatches:
 #: ``from ppqlike.api import *`` gives a PPQ script the names ``from ppq.api import *`` gives it
 __all__ = ["BaseGraph", "ENABLE_CUDA_KERNEL", "PPQ_CONFIG", "QuantizationSetting", "QuantizationSettingFactory",
            "TargetPlatform", "TorchExecutor", "convert_any_to_numpy", "dispatch_graph", "export_ppq_graph",
-           "graphwise_error_analyse", "import_quantized_onnx", "layerwise_error_analyse", "load_onnx_graph",
+           "graphwise_error_analyse", "import_quantized_onnx", "layerwise_error_analyse", "load_graph", "load_onnx_graph",
            "ppq_warning", "quantize_onnx_model"]
 
 
@@ -142,30 +144,37 @@ def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
 
 def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_steps: int | None = None,
                         input_shape: Sequence[int] | None = None,
-                        platform: TargetPlatform | str = TargetPlatform.TRT_INT8,
-                        setting: QuantizationSetting | None = None, collate_fn: Callable | None = None,
-                        inputs: Any = None, dispatcher: str | None = None, verbose: int = 0,
-                        device: str | None = None, do_quantize: bool = True, input_dtype: Any = None) -> Graph:
+                        platform: TargetPlatform | str = TargetPlatform.TRT_INT8, input_dtype: Any = None,
+                        inputs: Any = None, setting: QuantizationSetting | None = None,
+                        collate_fn: Callable | None = None, device: str | None = None, verbose: int = 0,
+                        do_quantize: bool = True, dispatcher: str | None = None) -> Graph:
     """Quantize an ONNX model for ``platform`` and return the quantized graph.
 
+    The parameters are PPQ's, in PPQ's order (``dispatcher`` is ppqlike's own, last).
     ``calib_dataloader`` yields batches (an array for single-input models, or
     a dict of input name -> array), passed through ``collate_fn`` when given;
-    ``calib_steps`` batches are used (all when None).  ``input_shape`` is the
+    ``calib_steps`` batches are used (all when None; a list shorter than that
+    is run again until the steps are done, as PPQ does, with one
+    :class:`~ppqlike.optim.base.CalibrationRepeatWarning`).  ``input_shape`` is the
     shape of one batch, checked against the data.  ``setting`` defaults to the
     platform's preset; ``dispatcher`` overrides ``setting.dispatcher``.  The
     graph's ``metadata['quantization']`` records the platform, the setting,
     the dispatch summary and each pass's time and report.
 
     PPQ's keywords are accepted: ``device`` (computing is numpy on the CPU; noted once), ``input_dtype``
-    (the model's declared input types are used) and ``do_quantize`` (False: the loaded FP32 graph is
+    (the model's declared input types are used), ``inputs`` (PPQ's tracing sample; noted, the calibration
+    batches serve) and ``do_quantize`` (False: the loaded FP32 graph is
     returned, as PPQ does).
     """
     started = time.perf_counter()
     ignore_device(device, "quantize_onnx_model")
     if input_dtype is not None:
         note_once("quantize_onnx_model: input_dtype is ignored; the model's declared input types are used")
+    if inputs is not None:
+        note_once("quantize_onnx_model: inputs (PPQ's sample for tracing shapes) is ignored; the calibration "
+                  "batches are used")
     if not do_quantize:
-        return onnx_import_file if isinstance(onnx_import_file, Graph) else load_graph(onnx_import_file)
+        return onnx_import_file if isinstance(onnx_import_file, Graph) else _load_graph(onnx_import_file)
     platform = TargetPlatform.parse(platform)
     setting = QuantizationSettingFactory.for_platform(platform) if setting is None else setting
     if dispatcher is not None:
@@ -178,7 +187,8 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
             "calib_dataloader must be an iterable of batches (e.g. a list of arrays, each [N, ...] for "
             f"single-input models, or of dicts name -> array), not {type(calib_dataloader).__name__}; "
             "wrap a single batch in a list")
-    graph = onnx_import_file if isinstance(onnx_import_file, Graph) else load_graph(onnx_import_file)
+    graph = onnx_import_file if isinstance(onnx_import_file, Graph) else _load_graph(onnx_import_file)
+    check_runnable(graph)  # before any calibration batch is drawn
     if not graph.inputs:
         raise GraphError(f"model {graph.name!r} has no inputs: every value is a constant, so there is nothing to "
                          "calibrate or quantize; give the model its inputs (or fold it to constants)")
@@ -190,7 +200,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
         for operation in graph.operations.values():  # recalibrate: the file's configs are dropped
             operation.config, operation.platform = None, None
     formatting = format_for_quantization(graph, setting)
-    summary = dispatch_graph(graph, platform, policy.quantizable_types, dispatcher=setting.dispatcher,
+    summary = _dispatch_graph(graph, platform, policy.quantizable_types, dispatcher=setting.dispatcher,
                              dispatching_table=setting.dispatching_table or None, transformer=policy.transformer,
                              recurrent=policy.recurrent)
     PlatformQuantizer(policy).quantize(graph)
@@ -249,3 +259,49 @@ def import_quantized_onnx(path_or_model, platform: TargetPlatform | str | None =
     """
     platform = TargetPlatform.ORT_INT8 if platform is None else TargetPlatform.parse(platform)
     return import_quantized(path_or_model, platform, restore_activations=restore_activations)
+
+
+def load_graph(file_path, from_framework: Any = "ONNX", **kwargs: Any) -> Graph:
+    """PPQ's ``load_graph``: the graph of an ONNX model (path, bytes or ModelProto), loaded as
+    ``quantize_onnx_model`` loads it (a QDQ/QOperator file comes back with its scales imported).
+
+    ``from_framework`` may be PPQ's ``NetworkFramework.ONNX`` or 'onnx'; any other framework (Caffe,
+    PPQ's native format) is refused: ppqlike reads ONNX only.  PPQ's further keywords are Caffe's
+    (``caffemodel_path``) and refused with it; any other is refused naming the closest.
+    """
+    framework = str(getattr(from_framework, "name", from_framework)).upper()
+    if framework != "ONNX":
+        raise ModelLoadError(f"load_graph({os.fspath(file_path)!r}, from_framework={framework}): ppqlike reads ONNX "
+                             "models only; convert the model to ONNX first (Caffe: caffe2onnx; PPQ's native "
+                             "files: load them in PPQ and export ONNX)")
+    if "caffemodel_path" in kwargs:
+        raise UnknownKeywordError("load_graph(caffemodel_path=...) loads a Caffe model, and ppqlike reads ONNX models "
+                                  "only; convert the model to ONNX first")
+    refuse_unknown_keywords(load_graph, kwargs, "load_graph()", accepted=())
+    return _load_graph(file_path)
+
+
+def dispatch_graph(graph: Graph, platform: TargetPlatform | str, dispatcher: Any = "conservative",
+                   dispatching_table: Any = None) -> Graph:
+    """PPQ's ``dispatch_graph``: label every op of ``graph`` for ``platform`` (``op.platform``: the platform,
+    FP32 or SOI) with the platform's policy, as ``quantize_onnx_model`` does; returns the graph, as PPQ's
+    does (the summary is ``graph.metadata['dispatch']``).
+
+    ``dispatcher``: a name ('conservative', 'aggressive', 'pointwise', 'allin'), a ``ppqlike.lib.Dispatcher``,
+    or, as PPQ's older documentation passes it third, a QuantizationSetting (its dispatcher and dispatching
+    table are used).  ``dispatching_table``: {op name: platform or 'TARGET'/'FP32'/'SOI'} (ppqlike's or
+    PPQ's DispatchingTable, whose ``dispatchings`` are read).  The lower-level
+    :func:`ppqlike.platforms.dispatch_graph` takes the quantizable op types explicitly.
+    """
+    if isinstance(dispatcher, QuantizationSetting):
+        setting = dispatcher
+        dispatcher = setting.dispatcher
+        dispatching_table = dispatching_table if dispatching_table is not None else setting.dispatching_table
+    dispatcher = getattr(dispatcher, "method", dispatcher)   # ppqlike.lib.Dispatcher(graph, method)
+    dispatching_table = getattr(dispatching_table, "dispatchings", dispatching_table)
+    target = TargetPlatform.parse(platform)
+    policy = resolve_policy(target, QuantizationSettingFactory.for_platform(target))
+    graph.metadata["dispatch"] = _dispatch_graph(
+        graph, target, policy.quantizable_types, dispatcher=dispatcher, dispatching_table=dispatching_table or None,
+        transformer=policy.transformer, recurrent=policy.recurrent)
+    return graph

@@ -6,8 +6,8 @@ import pytest
 import ppqlike
 from ppqlike.core.errors import CalibrationDataError, PlatformError
 from ppqlike.core.quant import QuantizationStates as S
-from ppqlike.optim.base import (PassRegistry, QuantizationOptimizationPass, QuantizationOptimizationPipeline,
-                                iterate_calibration)
+from ppqlike.optim.base import (CalibrationRepeatWarning, PassRegistry, QuantizationOptimizationPass,
+                                QuantizationOptimizationPipeline, iterate_calibration)
 from test_passes import small_model
 
 
@@ -68,9 +68,12 @@ def test_registry_refuses_non_passes():
 def test_iterate_calibration_counts_and_errors():
     assert list(iterate_calibration([1, 2, 3], 2, verbose=False)) == [1, 2]
     assert list(iterate_calibration([1, 2], None, collate_fn=lambda b: b * 10, verbose=False)) == [10, 20]
-    with pytest.raises(CalibrationDataError, match="at most 2"):
-        list(iterate_calibration([1, 2], 5, verbose=False))
+    # shorter than calib_steps: run again until the steps are done, as PPQ's RuntimeCalibrationPass does,
+    # said in one warning line
+    with pytest.warns(CalibrationRepeatWarning, match="holds 2 batches: it is run 3 times") as caught:
+        assert list(iterate_calibration([1, 2], 5, verbose=False)) == [1, 2, 1, 2, 1]
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
     with pytest.raises(CalibrationDataError, match="no batch"):
         list(iterate_calibration([], None, verbose=False))
-    with pytest.raises(CalibrationDataError, match="yielded only 1"):
+    with pytest.raises(CalibrationDataError, match="yielded only 1 batches and cannot be run again"):
         list(iterate_calibration(iter([1]), 3, verbose=False))

@@ -39,9 +39,21 @@ Image preprocessing, per pixel value x in 0..255 and per channel:
     x' = (x / scale - mean) / std
 after resizing the shorter side to --resize (bilinear), centre-cropping to
 --crop, and RGB -> BGR with --bgr (mean/std are then in BGR order).
+--crop defaults to the model's height and width; --resize to the crop's
+larger side.  --letterbox replaces resize and crop: the image is scaled to fit
+inside the model's height x width (or --letterbox N / HxW), keeping its aspect
+ratio, and centred on a canvas of --letterbox-value (default 114), as YOLO
+models expect.  A model whose height and width are not fixed takes the size
+from --crop, --letterbox N or --input-shape; without one, the images must all
+have one size.
 ImageNet-style:  --resize 256 --crop 224 --scale 255 --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225
+YOLO-style:      --letterbox --scale 255        (--letterbox 640 for a dynamic-size model)
 Caffe-style raw pixel means: --bgr --mean 103.94,116.78,123.68
 (ppqlike.io.images.load_image's scale= is the same divisor as --scale.)
+
+Before any calibration data is read, the model is checked: an op the
+executor cannot run is named (one line), and a dynamic input without a size
+from the options is an error naming the input and the option.
 """
 
 
@@ -111,8 +123,15 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
                             "dimension is --batch-size; checked against the data and used for image layout/crop")
     group = parser.add_argument_group("image preprocessing (x' = (x / scale - mean) / std)")
     group.add_argument("--resize", type=_positive, metavar="N",
-                       help="resize the shorter side to N pixels (default: the crop size)")
-    group.add_argument("--crop", type=_crop, metavar="N|HxW", help="centre crop (default: the model's H and W)")
+                       help="resize the shorter side to N pixels (default: the crop's larger side)")
+    group.add_argument("--crop", type=_crop, metavar="N|HxW",
+                       help="centre crop (default: the model's H and W; a model whose H and W are not fixed "
+                            "needs --crop, --letterbox N or --input-shape unless all images have one size)")
+    group.add_argument("--letterbox", type=_crop, nargs="?", const=True, metavar="N|HxW",
+                       help="instead of --resize/--crop: scale each image to fit inside the model's H and W (or "
+                            "N / HxW), keeping its aspect ratio, and pad it centred (YOLO's preprocessing)")
+    group.add_argument("--letterbox-value", type=_floats, default=[114.0], metavar="V[,V,V]",
+                       help="pad value of --letterbox in 0..255 pixel units, one or per channel (default 114)")
     group.add_argument("--mean", type=_floats, default=[0.0], metavar="M[,M,M]", help="per channel (default 0)")
     group.add_argument("--std", type=_floats, default=[1.0], metavar="S[,S,S]", help="per channel (default 1)")
     group.add_argument("--scale", type=float, default=1.0,
@@ -206,8 +225,14 @@ def build_setting(args, platform):
 
 
 def image_options(args) -> dict:
-    return {"resize_shorter": args.resize, "crop": args.crop, "mean": args.mean, "std": args.std,
-            "scale": args.scale, "bgr": args.bgr, "layout": args.layout}
+    if args.letterbox is not None and (args.crop is not None or args.resize is not None):
+        raise CalibrationDataError("--letterbox replaces --resize and --crop (it scales the whole image to fit "
+                                   "and pads the rest); give one or the other")
+    options = {"resize_shorter": args.resize, "crop": args.crop, "mean": args.mean, "std": args.std,
+               "scale": args.scale, "bgr": args.bgr, "layout": args.layout}
+    if args.letterbox is not None:
+        options.update(letterbox=args.letterbox, letterbox_value=args.letterbox_value)
+    return options
 
 
 def open_calibration(folder: str, graph, batch_size: int, input_shape, options: dict):
@@ -258,6 +283,7 @@ def batch_size_for(graph, requested: int | None, input_shape) -> int:
 
 def run_quantize(args: argparse.Namespace) -> int:
     from ..api import quantize_onnx_model
+    from ..executor.ops import check_runnable
     from .output import OutputFolder
 
     started = time.perf_counter()
@@ -278,6 +304,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     setting = build_setting(args, platform)
     setting.validate()
     graph = load_model_for_quantization(model, args.recalibrate, setting)
+    check_runnable(graph)  # an op the executor cannot run is named now, before any data is read
     args.batch_size = batch_size_for(graph, args.batch_size, args.input_shape)
     data = open_calibration(args.calib, graph, args.batch_size, args.input_shape, image_options(args))
     if args.calib_steps is not None and args.calib_steps > len(data):

@@ -10,11 +10,11 @@ The folder holds one kind of file:
 
 * **images** (``.jpg .jpeg .png .bmp .webp .tif .tiff``), for single-input
   models.  Each image is one sample, read by :func:`ppqlike.io.images.load_image`
-  with ``image_options``: shorter side resized (bilinear), centre crop, RGB
-  (or BGR), then ``(x * scale - mean) / std`` per channel with x the 0..255
-  pixel value (the command line's ``--scale S`` is ``scale=1/S`` here).
-  ``layout`` and ``crop`` default to what the model's input shape says when
-  it is static ([N,3,H,W] is NCHW, [N,H,W,3] NHWC).
+  with ``image_options``: shorter side resized (bilinear), centre crop (or a
+  letterbox), RGB (or BGR), then ``(x / scale - mean) / std`` per channel with x
+  the 0..255 pixel value.  ``layout`` and the size default to what the model's
+  input shape says when it is static ([N,3,H,W] is NCHW, [N,H,W,3] NHWC); see
+  :func:`ppqlike.io.image_options.resolve_image_options`.
 * **arrays**: ``.npy`` files (single-input models) or ``.npz`` files (arrays
   keyed by input name; a single-input model also takes an .npz holding a
   single array under any key).  A file whose array has the rank of the
@@ -41,6 +41,7 @@ import numpy as np
 
 from ..core.errors import CalibrationDataError
 from .files import check_allocation
+from .image_options import resolve_image_options
 from .images import IMAGE_SUFFIXES, load_image, require_pillow
 
 #: Suffixes of array files (compared case-insensitively).
@@ -184,56 +185,25 @@ class CalibrationFolder:
             require_pillow()  # now, not after the passes started
         if self.kind == "images":
             self.files = images
-            self.image_options = self._image_options(dict(image_options or {}))
+            if len(self.specs) != 1:
+                names = [spec.name for spec in self.specs]
+                raise CalibrationDataError(f"calibration folder {self.folder!r} holds images, but the model has "
+                                           f"{len(names)} inputs {names}; give .npz files keyed by input name")
+            self.image_options = resolve_image_options(self.specs[0].name, self.specs[0].shape,
+                                                       dict(image_options or {}), self.folder, images)
             self.counts = [1] * len(images)
         else:
             self.files = arrays
             self.image_options = {}
+            self.sample_shapes: dict[str, dict[str, tuple]] = {}
             self.counts = [self._count(name) for name in arrays]
         self.samples = sum(self.counts)
         if self.samples == 0:
             raise CalibrationDataError(f"calibration folder {self.folder!r}: its array files hold no samples")
+        if self.kind == "arrays":
+            self._check_batches_of_one_shape()
 
     # ------------------------------------------------------------------ images
-    def _image_options(self, options: dict) -> dict:
-        if len(self.specs) != 1:
-            names = [s.name for s in self.specs]
-            raise CalibrationDataError(f"calibration folder {self.folder!r} holds images, but the model has "
-                                       f"{len(names)} inputs {names}; give .npz files keyed by input name")
-        shape = self.specs[0].shape
-        if shape is not None and len(shape) != 4:
-            raise CalibrationDataError(f"calibration folder {self.folder!r} holds images, but model input "
-                                       f"{self.specs[0].name!r} has shape {list(shape)}, not an image batch "
-                                       "[N,3,H,W] or [N,H,W,3]; give .npy files instead")
-        if shape is not None and options.get("layout") is None:
-            if _static(shape[1]) == 3:
-                options["layout"] = "NCHW"
-            elif _static(shape[3]) == 3:
-                options["layout"] = "NHWC"
-        options["layout"] = layout = str(options.get("layout") or "NCHW").upper()
-        if shape is not None and layout in ("NCHW", "NHWC"):
-            name = self.specs[0].name
-            channels, height, width = (shape[1], shape[2], shape[3]) if layout == "NCHW" else \
-                (shape[3], shape[1], shape[2])
-            if _static(channels) not in (None, 3):
-                raise CalibrationDataError(
-                    f"model input {name!r} has shape {list(shape)}: in {layout} layout that is {channels} "
-                    f"channel(s), but images give 3 (RGB/BGR); check the layout, or give .npy files instead")
-            crop = options.get("crop")
-            if crop is not None and _static(height) and _static(width):
-                crop_h, crop_w = (crop, crop) if isinstance(crop, (int, np.integer)) else tuple(crop)
-                if (crop_h, crop_w) != (height, width):
-                    raise CalibrationDataError(
-                        f"images cropped to {crop_h}x{crop_w} (height x width) do not fit model input {name!r} "
-                        f"of shape {list(shape)} ({layout}), which takes {height}x{width}")
-            if crop is None and _static(height) and _static(width):
-                options["crop"] = (int(height), int(width))
-                if options.get("resize_shorter") is None:
-                    options["resize_shorter"] = max(int(height), int(width))
-        options.setdefault("resize_shorter", None)
-        options.setdefault("crop", None)
-        return options
-
     # ------------------------------------------------------------------ arrays
     def _assign(self, name: str, keys: Sequence[str | None]) -> dict[str, str | None]:
         """Input name -> key in the file (None: the .npy array)."""
@@ -279,12 +249,40 @@ class CalibrationFolder:
     def _count(self, name: str) -> int:
         shapes = _array_shapes(os.path.join(self.folder, name))
         assignment = self._assign(name, list(shapes))
+        self.sample_shapes[name] = {
+            spec.name: tuple(shapes[assignment[spec.name]])[
+                0 if spec.rank is not None and len(shapes[assignment[spec.name]]) == spec.rank - 1 else 1:]
+            for spec in self.specs}
         counts = {n: self._samples_in(name, spec, shapes[assignment[spec.name]])
                   for n, spec in ((s.name, s) for s in self.specs)}
         if len(set(counts.values())) > 1:
             raise CalibrationDataError(f"calibration file {os.path.join(self.folder, name)!r}: its arrays hold "
                                        f"different numbers of samples {counts}")
         return next(iter(counts.values()))
+
+    def _check_batches_of_one_shape(self) -> None:
+        """The samples of each batch must share one shape (an input whose dims are not fixed takes them from
+        the arrays): checked from the headers, before any array is read; the error names the files."""
+        start = 0
+        batch_files: list[str] = []
+        for name, count in zip(self.files, self.counts):
+            first_batch, last_batch = start // self.batch_size, (start + count - 1) // self.batch_size
+            if count and batch_files and first_batch != (start - 1) // self.batch_size:
+                batch_files = []
+            if count:
+                batch_files.append(name)
+                for spec in self.specs:
+                    shapes = {self.sample_shapes[f][spec.name] for f in batch_files}
+                    if len(shapes) > 1:
+                        shown = ", ".join(f"{f} {list(self.sample_shapes[f][spec.name])}" for f in batch_files[:4])
+                        raise CalibrationDataError(
+                            f"calibration files in {self.folder!r} would share a batch of {self.batch_size} with "
+                            f"samples of different shapes for input {spec.name!r} of shape {list(spec.shape or [])}: "
+                            f"{shown}; give the arrays one shape, or a batch size that keeps them apart "
+                            "(--batch-size 1)")
+                if last_batch != first_batch:
+                    batch_files = [name]
+            start += count
 
     def _load_arrays(self, name: str) -> dict[str, np.ndarray]:
         path = os.path.join(self.folder, name)

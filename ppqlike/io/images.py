@@ -1,7 +1,8 @@
-"""Image preprocessing for classifiers: files → normalised float32 batches.
+"""Image preprocessing for classifiers and detectors: files → normalised float32 batches.
 
 Used by real-model tests, benchmarks and the command line to turn JPEG/PNG
-files into model inputs: resize the shorter side (bilinear), centre-crop,
+files into model inputs: resize the shorter side (bilinear), centre-crop (or
+letterbox: fit inside a box keeping the aspect ratio, pad the rest, as YOLO does),
 convert to RGB (or BGR), then ``(x / scale - mean) / std`` per channel (as the command line's
 ``--scale``), where
 x is the 0..255 pixel value.  Pillow is imported only when an image is read.
@@ -19,6 +20,9 @@ from ..core.errors import CalibrationDataError, PPQLikeError
 
 #: File suffixes :func:`load_image_folder` reads (compared case-insensitively).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+#: YOLO's letterbox fill, in 0..255 pixel units (grey 114)
+LETTERBOX_VALUE = 114.0
 
 
 def _pillow():
@@ -42,19 +46,43 @@ def _per_channel(value, name: str) -> np.ndarray:
     return array
 
 
-def load_image(path: str | os.PathLike, resize_shorter: int | None = 256, crop: int | Sequence[int] | None = 224,
+class _Default(int):
+    """A default size that a letterbox replaces (given explicitly, a size with a letterbox is an error)."""
+
+    def __repr__(self) -> str:
+        return f"{int(self)} (default)"
+
+
+def load_image(path: str | os.PathLike, resize_shorter: int | None = _Default(256),
+               crop: int | Sequence[int] | None = _Default(224),
                mean: float | Sequence[float] = 0.0, std: float | Sequence[float] = 1.0, scale: float = 1.0,
-               bgr: bool = False, layout: str = "NCHW") -> np.ndarray:
+               bgr: bool = False, layout: str = "NCHW", letterbox: int | Sequence[int] | None = None,
+               letterbox_value: float | Sequence[float] = LETTERBOX_VALUE) -> np.ndarray:
     """Read one image file as a float32 batch of one: [1, 3, H, W] (NCHW) or [1, H, W, 3] (NHWC).
 
     ``resize_shorter``: the shorter side is resized to this many pixels with
     bilinear filtering (None: no resize).  ``crop``: centre crop of this size
-    (an int for a square, or (height, width); None: no crop).  Greyscale,
+    (an int for a square, or (height, width); None: no crop).  ``letterbox``
+    (an int for a square, or (height, width)), instead of resize and crop (their
+    defaults then do not apply; given explicitly they are an error): the
+    image is scaled by min(height / h, width / w) (bilinear, keeping its aspect
+    ratio; each side rounded) and centred on a canvas of that size filled with
+    ``letterbox_value`` (0..255 pixel units, one value or three in the output
+    channel order), as YOLO's preprocessing does: the top (left) pad is
+    round(pad / 2 - 0.1), the rest goes below (right).  Greyscale,
     palette and RGBA images are converted to RGB (16-bit greyscale scaled to 0..255); ``bgr`` then reverses the
     channel order.  ``mean`` and ``std`` are given in the output channel order.
     """
     if layout not in ("NCHW", "NHWC"):
         raise PPQLikeError(f"image layout must be 'NCHW' or 'NHWC', not {layout!r}")
+    if letterbox is not None:
+        resize_shorter = None if isinstance(resize_shorter, _Default) else resize_shorter
+        crop = None if isinstance(crop, _Default) else crop
+    if letterbox is not None and (resize_shorter or crop):
+        raise PPQLikeError(f"image {os.fspath(path)!r}: letterbox={letterbox!r} replaces resizing and cropping; "
+                           f"leave resize_shorter ({resize_shorter!r}) and crop ({crop!r}) unset")
+    box = None if letterbox is None else _size(letterbox, "letterbox")
+    pad_value = _per_channel(letterbox_value, "letterbox value")
     mean_array, std_array = _per_channel(mean, "mean"), _per_channel(std, "std")
     if np.any(std_array == 0):
         raise PPQLikeError(f"image std must not be zero, got {std!r}")
@@ -79,6 +107,8 @@ def load_image(path: str | os.PathLike, resize_shorter: int | None = 256, crop: 
                                        f"smaller than the {crop_w}x{crop_h} crop")
                 top, left = int(round((height - crop_h) / 2.0)), int(round((width - crop_w) / 2.0))
                 image = image.crop((left, top, left + crop_w, top + crop_h))
+            if box is not None:
+                image = _fit_inside(image_module, image, box)
             pixels = np.asarray(image, dtype=np.float32)
     except PPQLikeError:
         raise
@@ -86,10 +116,39 @@ def load_image(path: str | os.PathLike, resize_shorter: int | None = 256, crop: 
         raise PPQLikeError(f"cannot read image {os.fspath(path)!r}: {error}") from None
     if bgr:
         pixels = pixels[..., ::-1]
+    if box is not None:
+        pixels = _pad_centred(pixels, box, pad_value)
     pixels = (pixels / np.float32(scale) - mean_array) / std_array
     if layout == "NCHW":
         pixels = pixels.transpose(2, 0, 1)
     return np.ascontiguousarray(pixels[None], dtype=np.float32)
+
+
+def _size(value, name: str) -> tuple[int, int]:
+    """(height, width) of an int (a square) or a pair; PPQLikeError otherwise."""
+    sizes = (value, value) if isinstance(value, numbers.Integral) else tuple(value)
+    if len(sizes) != 2 or not all(isinstance(v, numbers.Integral) and v > 0 for v in sizes):
+        raise PPQLikeError(f"image {name} must be a positive size N or (height, width), got {value!r}")
+    return int(sizes[0]), int(sizes[1])
+
+
+def _fit_inside(image_module, image, box: tuple[int, int]):
+    """``image`` scaled by min(box_h / h, box_w / w) (bilinear; sides rounded), its aspect ratio kept."""
+    width, height = image.size
+    ratio = min(box[0] / height, box[1] / width)
+    size = (max(1, int(round(width * ratio))), max(1, int(round(height * ratio))))
+    return image if size == (width, height) else image.resize(size, image_module.BILINEAR)
+
+
+def _pad_centred(pixels: np.ndarray, box: tuple[int, int], value: np.ndarray) -> np.ndarray:
+    """``pixels`` [h, w, 3] centred on a [box_h, box_w, 3] canvas of ``value``: top/left pad
+    round(pad / 2 - 0.1), the rest at the bottom/right (YOLO's letterbox)."""
+    height, width = pixels.shape[:2]
+    top, left = int(round((box[0] - height) / 2 - 0.1)), int(round((box[1] - width) / 2 - 0.1))
+    canvas = np.empty((box[0], box[1], pixels.shape[2]), dtype=np.float32)
+    canvas[...] = value
+    canvas[top:top + height, left:left + width] = pixels
+    return canvas
 
 
 #: Pillow modes of single-channel images with more than 8 bits per pixel
@@ -136,3 +195,13 @@ def load_image_folder(folder: str | os.PathLike, limit: int | None = None, **opt
                                    f"({', '.join(IMAGE_SUFFIXES)})")
     batch = [load_image(os.path.join(os.fspath(folder), name), **options) for name in names]
     return np.concatenate(batch, axis=0), names
+
+
+def image_size(path: str | os.PathLike) -> tuple[int, int]:
+    """(width, height) of an image file, read from its header only."""
+    image_module = _pillow()
+    try:
+        with image_module.open(os.fspath(path)) as image:
+            return image.size
+    except (OSError, ValueError) as error:
+        raise CalibrationDataError(f"cannot read image {os.fspath(path)!r}: {error}") from None

@@ -183,8 +183,9 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return model
 
 
-def load_onnx_graph(source: Any) -> Graph:
-    """Read an ONNX model (path, bytes or ModelProto) into a :class:`Graph`.
+def load_onnx_graph(onnx_import_file: Any) -> Graph:
+    """Read an ONNX model (path, bytes or ModelProto) into a :class:`Graph` (PPQ's keyword
+    ``onnx_import_file`` names it).
 
     Raises ModelLoadError for unreadable or invalid models (including op
     types the default ONNX domain does not define) and GraphError for
@@ -192,8 +193,8 @@ def load_onnx_graph(source: Any) -> Graph:
     domains load; the executor rejects them when it plans.
     """
     arrays: dict = {}
-    model = read_model(source, arrays)
-    return graph_from_model(model, describe_source(source), arrays)
+    model = read_model(onnx_import_file, arrays)
+    return graph_from_model(model, describe_source(onnx_import_file), arrays)
 
 
 def graph_from_model(model: onnx.ModelProto, where: str, arrays: dict | None = None) -> Graph:

@@ -7,7 +7,9 @@ calib_steps, collate_fn); a pass uses what it needs and ignores the rest.
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -135,6 +137,8 @@ class QuantizationOptimizationPipeline:
         """Run every pass on ``graph``; returns (and keeps) one record per pass.  BLAS runs single-threaded
         meanwhile (its parallel work on the kernel threads), so results do not depend on the thread count."""
         self.records = []
+        if kwargs.get("calib_steps") is not None and kwargs.get("calib_steps") > 0:  # repeated once for all passes
+            kwargs["dataloader"] = repeat_to_steps(kwargs.get("dataloader"), kwargs["calib_steps"])
         with computing_threads():
             for current in self.passes:
                 started = time.perf_counter()
@@ -195,12 +199,61 @@ def register_pass(new_pass: QuantizationOptimizationPass, before: str | None = N
     return DEFAULT_PASS_REGISTRY.register(new_pass, before=before, after=after)
 
 
+class CalibrationRepeatWarning(UserWarning):
+    """``calib_steps`` asked for more batches than the dataloader holds: it is run again (one line)."""
+
+
+class RepeatedBatches:
+    """A re-iterable dataloader run again and again until ``steps`` batches are drawn, as PPQ's
+    RuntimeCalibrationPass does (``ceil(steps / len(dataloader))`` epochs, stopping at ``steps``)."""
+
+    def __init__(self, dataloader: Iterable, steps: int):
+        self.dataloader, self.steps = dataloader, int(steps)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[Any]:
+        drawn = 0
+        while drawn < self.steps:
+            epoch = 0
+            for batch in self.dataloader:
+                yield batch
+                drawn, epoch = drawn + 1, epoch + 1
+                if drawn >= self.steps:
+                    return
+            if epoch == 0:  # empty: the caller says so
+                return
+
+
+def repeat_to_steps(dataloader: Any, calib_steps: int | None) -> Any:
+    """``dataloader``, or a :class:`RepeatedBatches` over it when it holds fewer than ``calib_steps`` batches
+    (its length known, and iterating it twice gives the batches twice); the repeat is said in one
+    :class:`CalibrationRepeatWarning` line.  An empty, unsized or one-shot dataloader is returned as it is
+    (iterating it says what is wrong)."""
+    if calib_steps is None or dataloader is None or isinstance(dataloader, RepeatedBatches):
+        return dataloader
+    try:
+        available = len(dataloader)
+    except TypeError:
+        return dataloader
+    if available <= 0 or available >= calib_steps or iter(dataloader) is dataloader:
+        return dataloader
+    epochs = math.ceil(calib_steps / available)
+    warnings.warn(f"calib_steps is {calib_steps} but the dataloader holds {available} batches: it is run "
+                  f"{epochs} times for {calib_steps} batches, as PPQ does (give more data, or calib_steps="
+                  f"{available}, to calibrate on distinct batches only)", CalibrationRepeatWarning, stacklevel=3)
+    return RepeatedBatches(dataloader, calib_steps)
+
+
 def iterate_calibration(dataloader: Iterable, calib_steps: int | None = None,
                         collate_fn: Callable | None = None, description: str = "calibration",
                         verbose: bool = True) -> Iterator[Any]:
     """Yield up to ``calib_steps`` batches of ``dataloader`` (through ``collate_fn``) with a tqdm bar.
 
-    An empty dataloader, or one shorter than ``calib_steps``, is a CalibrationDataError.
+    A re-iterable dataloader shorter than ``calib_steps`` is run again until the steps are done (one
+    warning line, :func:`repeat_to_steps`); an empty dataloader, or a one-shot one that runs out before
+    ``calib_steps``, is a CalibrationDataError.
     """
     if dataloader is None:
         raise CalibrationDataError(f"{description} needs calibration data, but no dataloader was given")
@@ -214,14 +267,7 @@ def iterate_calibration(dataloader: Iterable, calib_steps: int | None = None,
     elif total <= 0:
         raise CalibrationDataError(f"calib_steps must be positive, got {calib_steps}")
     else:
-        try:
-            available = len(dataloader)  # type: ignore[arg-type]
-        except TypeError:
-            available = None
-        if available is not None and available < calib_steps:
-            raise CalibrationDataError(
-                f"calib_steps is {calib_steps} but the dataloader holds only {available} batches; "
-                f"lower calib_steps to at most {available} or give more data")
+        dataloader = repeat_to_steps(dataloader, calib_steps)
     seen = 0
     # disable=None: no bar when stderr is not a terminal (a log file), where bars and lines would run together
     with tqdm(total=total, desc=description, unit="batch", disable=None if verbose else True, leave=False) as bar:
@@ -235,5 +281,5 @@ def iterate_calibration(dataloader: Iterable, calib_steps: int | None = None,
         raise CalibrationDataError("the calibration dataloader yielded no batch")
     if calib_steps is not None and seen < calib_steps:
         raise CalibrationDataError(
-            f"calib_steps is {calib_steps} but the dataloader yielded only {seen} batches; "
-            f"lower calib_steps to at most {seen} or give more data")
+            f"calib_steps is {calib_steps} but the dataloader yielded only {seen} batches and cannot be run "
+            f"again (a generator or iterator); lower calib_steps to at most {seen} or give a list of batches")
