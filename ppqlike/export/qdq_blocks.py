@@ -32,9 +32,12 @@ MICROSOFT_DOMAIN = "com.microsoft"
 
 
 def _code_tensor(name: str, codes: np.ndarray, bits: int, signed: bool) -> onnx.TensorProto:
-    if bits == 4:
+    if bits == 4:   # raw little-endian nibbles, the first value in the low one (ONNX's packing of int4/uint4)
         kind = TensorProto.INT4 if signed else TensorProto.UINT4
-        return helper.make_tensor(name, kind, codes.shape, codes.astype(np.int64).reshape(-1).tolist())
+        flat = (codes.astype(np.int64).reshape(-1) & 0xF).astype(np.uint8)
+        flat = np.concatenate([flat, np.zeros(len(flat) % 2, np.uint8)])
+        packed = (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+        return helper.make_tensor(name, kind, codes.shape, packed.tobytes(), raw=True)
     return numpy_helper.from_array(codes.astype(np.int8 if signed else np.uint8), name)
 
 
