@@ -14,7 +14,12 @@ Two ways, both computing the simulation's dequantized weights bit for bit (float
   Add after it.
 
 onnxruntime then multiplies in float32: the product agrees with the simulation's within the float32
-rounding of a different summation order (its GEMM kernels are not numpy's).
+rounding of a different summation order (its GEMM kernels are not numpy's).  MatMulNBits nodes are written
+without ``accuracy_level`` (0: float32 activations).  Beware with 'qdq': onnxruntime (1.32) at
+ORT_ENABLE_ALL fuses each blocked DequantizeLinear -> MatMul into MatMulNBits with the accuracy level of the
+session option ``session.qdq_matmulnbits_accuracy_level``, default 4, which quantizes the activations to
+int8 per block (W4A8, not what the file says); set that option to "0" (or run below ORT_ENABLE_ALL) to run
+the file as simulated.
 """
 
 from __future__ import annotations
