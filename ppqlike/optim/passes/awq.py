@@ -45,11 +45,15 @@ def _rtn(weight_kn: np.ndarray, block_size: int, bits: int, symmetric: bool, rat
 
 
 def search_awq_scales(rows: np.ndarray, mean_magnitude: np.ndarray, weights: list[np.ndarray], block_size: int,
-                      bits: int, symmetric: bool, grid: int = 20) -> tuple[float, np.ndarray]:
+                      bits: int, symmetric: bool, grid: int = 20, relative: bool = False) -> tuple[float, np.ndarray]:
     """(alpha, per-channel scales s) minimising sum_W ||rows W - (rows / s) Q(diag(s) W)||^2 (module
     docstring); alpha 0 gives s = 1."""
     rows = rows.astype(np.float32)
     references = [rows @ w for w in weights]
+    if relative:   # each row's error relative to its output's energy: a few huge-activation tokens do not rule
+        row_weights = [1.0 / (np.sum(r.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-12) for r in references]
+    else:
+        row_weights = [1.0] * len(references)
     magnitude = np.maximum(mean_magnitude.astype(np.float64), 1e-8)
     best = (np.inf, 0.0, np.ones(len(magnitude)))
     for alpha in np.linspace(0.0, 1.0, grid + 1):
@@ -57,9 +61,9 @@ def search_awq_scales(rows: np.ndarray, mean_magnitude: np.ndarray, weights: lis
         scales = np.clip(scales / np.sqrt(scales.max() * scales.min()), 1e-4, 1e4)
         scaled_rows = (rows / scales.astype(np.float32)).astype(np.float32)
         error = 0.0
-        for weight, reference in zip(weights, references):
+        for weight, reference, row_weight in zip(weights, references, row_weights):
             quantized = _rtn((weight * scales[:, None]).astype(np.float32), block_size, bits, symmetric)
-            error += float(np.sum((scaled_rows @ quantized - reference) ** 2))
+            error += float(np.sum(row_weight * (scaled_rows @ quantized - reference) ** 2))
         if error < best[0]:
             best = (error, float(alpha), scales)
     return best[1], best[2]
@@ -99,10 +103,10 @@ class AWQPass(QuantizationOptimizationPass):
     name = "awq"
 
     def __init__(self, bits: int = 4, block_size: int = 32, symmetric: bool = True, grid: int = 20,
-                 rows: int = 512, clip: bool = True, calib_steps: int | None = None,
+                 rows: int = 512, clip: bool = True, relative: bool = False, calib_steps: int | None = None,
                  platform: TargetPlatform | str = TargetPlatform.ORT_INT8, verbose: bool = False):
         self.bits, self.block_size, self.symmetric = bits, block_size, symmetric
-        self.grid, self.rows, self.clip, self.steps = grid, rows, clip, calib_steps
+        self.grid, self.rows, self.clip, self.steps, self.relative = grid, rows, clip, calib_steps, relative
         self.platform, self.verbose = TargetPlatform.parse(platform), verbose
 
     def optimize(self, graph, executor=None, dataloader=None, calib_steps=None, collate_fn=None, **kwargs) -> dict:
@@ -124,7 +128,8 @@ class AWQPass(QuantizationOptimizationPass):
                 continue
             weights = [rows_first(np.asarray(m.weight.value), m.axis) for m in members]
             alpha, scales = search_awq_scales(samples[group.source], magnitude[group.source], weights,
-                                              self.block_size, self.bits, self.symmetric, self.grid)
+                                              self.block_size, self.bits, self.symmetric, self.grid,
+                                              self.relative)
             if alpha > 0:
                 divide_into_source(graph, group, scales.astype(np.float32))
                 inverse = 1.0 / scales
