@@ -246,6 +246,22 @@ def test_awq_keeps_the_float_function_and_beats_nearest_rounding(small_model):
     assert errors["awq"] < errors["rtn"]
 
 
+def test_weight_only_other_platforms_export(small_model, tmp_path):
+    """Weight-only works on any platform: TensorRT's dynamic ranges hold no INT8 amax for block weights, the
+    config JSON says it cannot be reloaded (the codes are in the model), onnxruntime runs the model."""
+    from ppqlike.core.errors import ExportError
+    from ppqlike.export import load_quantized_graph
+    path, batches = small_model
+    graph = ppqlike.quantize_onnx_model(path, batches, platform="TRT_INT8",
+                                        setting=QuantizationSetting(weight_only_bits=4))
+    files = ppqlike.export_ppq_graph(graph, "TRT_INT8", str(tmp_path / "m.onnx"), str(tmp_path / "m.json"))
+    ranges = json.loads(open(files[1]).read())
+    assert ranges["weight_quant_info"] == {} and ranges["act_quant_info"] == {}
+    _session(onnx.load(files[0])).run(None, {"x": batches[0]})
+    with pytest.raises(ExportError, match="weight-only block config"):
+        load_quantized_graph(path, str(tmp_path / "m.json"))
+
+
 def test_weight_only_setting_is_checked_and_saved(tmp_path):
     for bad, fragment in ((dict(weight_only_bits=3), "weight_only_bits"),
                           (dict(weight_only_block_size=24), "power of 2"),

@@ -14,7 +14,10 @@ the block quantizer (nearest rounding).  The division by s goes where SmoothQuan
 readers, else into a float Mul written in front of them; the FP32 function is unchanged up to float
 rounding.  Then each block's range is shrunk by the ratio in ``clip_ratios`` that minimises that block's
 output error on the data, (dW_b)^T G_b (dW_b) with G_b the block's X'^T X' (the paper's clipping search,
-per block and output column).
+per block and output column).  ``relative``: the scale search weighs each row's error by 1 / ||row of X W||^2,
+so that a few tokens of huge activation do not decide alone (measured, AWQ scales without clipping: ViT-S
+dev-map cosine mean / worst 0.99732 / 0.9698 -> 0.99739 / 0.9772; MiniLM-L6 with clipping 0.98108 -> 0.98011
+mean); off by default, the paper's squared error.
 
 Reads: the FP32 weights, gamma/beta, the calibration data.  Writes: the readers' weights and the
 LayerNorms' gamma/beta (new float32 arrays), inserted Mul ops (platform FP32), and the weight-only configs
