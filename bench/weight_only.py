@@ -239,6 +239,7 @@ def main(argv=None) -> None:
     parser.add_argument("--models", default="vit,minilm", help="vit, minilm (default both)")
     parser.add_argument("--blocks", default="32,128", help="block sizes (default 32,128)")
     parser.add_argument("--tools", default="ppqlike,ort,nncf", help="ppqlike, ort, nncf (default all)")
+    parser.add_argument("--skip", default="", help="rows left out, e.g. ort:gptq (comma-separated)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the models (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="write every measurement here")
     parser.add_argument("--peer-child", default=None, help=argparse.SUPPRESS)
@@ -247,7 +248,7 @@ def main(argv=None) -> None:
         _peer_child(args.peer_child)
         return
     tools = args.tools.split(",")
-    rows = [row for row in ROWS if row.split(":")[0] in tools]
+    rows = [row for row in ROWS if row.split(":")[0] in tools and row not in args.skip.split(",")]
     folder = args.out or Path(tempfile.mkdtemp(prefix="weight_only_"))
     print(HEADER, flush=True)
     results = measure(args.models.split(","), [int(b) for b in args.blocks.split(",")], rows, folder)
