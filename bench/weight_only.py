@@ -211,7 +211,13 @@ def measure(models, blocks, rows, folder: Path) -> list[dict]:
                     made = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
                 entry = {"model": name, "row": row, "block": block, **made}
                 if "model_path" in made:
-                    cos = _cosines(_outputs(made["model_path"], data["dev"]), reference)
+                    try:
+                        cos = _cosines(_outputs(made["model_path"], data["dev"]), reference)
+                    except Exception as error:   # a model onnxruntime refuses to run
+                        entry["error"] = f"onnxruntime: {type(error).__name__}: {' '.join(str(error).split())[:300]}"
+                        results.append(entry)
+                        print(_line(entry), flush=True)
+                        continue
                     entry.update({"cosine_mean": float(cos.mean()), "cosine_worst": float(cos.min()),
                                   "size_ratio": _size(made["model_path"]) / fp32_size, "samples": len(cos)})
                     if "qdq_path" in made:
