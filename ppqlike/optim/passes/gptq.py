@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.quant_block import block_parameters, block_range, quantize_blocks
+from ...core.quant_block import block_parameters, block_range
 from ...executor import NumpyExecutor
 from ...platforms.target import TargetPlatform
 from ..base import QuantizationOptimizationPass
