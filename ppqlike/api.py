@@ -27,7 +27,8 @@ from .export.platform import export_for_platform
 from .io import load_onnx_graph
 from .io.import_quantized import import_quantized
 from .io.load import is_imported, load_graph as _load_graph
-from .optim.recipe import apply_recipe, build_pipeline, effective_setting, format_for_quantization, resolve_policy
+from .optim.recipe import (apply_recipe, build_pipeline, build_weight_only_pipeline, effective_setting,
+                           format_for_quantization, resolve_policy)
 from .optim.setting import QuantizationSetting, QuantizationSettingFactory
 from .platforms.dispatch import dispatch_graph as _dispatch_graph
 from .platforms.quantizer import PlatformQuantizer
@@ -200,14 +201,23 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
         for operation in graph.operations.values():  # recalibrate: the file's configs are dropped
             operation.config, operation.platform = None, None
     formatting = format_for_quantization(graph, setting)
-    summary = _dispatch_graph(graph, platform, policy.quantizable_types, dispatcher=setting.dispatcher,
-                             dispatching_table=setting.dispatching_table or None, transformer=policy.transformer,
-                             recurrent=policy.recurrent)
-    PlatformQuantizer(policy).quantize(graph)
+    weight_only = setting.weight_only_bits is not None
+    if weight_only:   # W4A16 / W8A16: only MatMul/Gemm weights are quantized, by the weight-only passes
+        summary = {"weight_only": {key: value for key, value in setting.to_dict().items()
+                                   if key.startswith("weight_only_")}}
+    else:
+        summary = _dispatch_graph(graph, platform, policy.quantizable_types, dispatcher=setting.dispatcher,
+                                  dispatching_table=setting.dispatching_table or None,
+                                  transformer=policy.transformer, recurrent=policy.recurrent)
+        PlatformQuantizer(policy).quantize(graph)
     executor = NumpyExecutor(graph)
     batches = checked = _CheckedBatches(graph, calib_dataloader, collate_fn, input_shape, inputs)
     batches, calib_steps, held_aside = _hold_aside(batches, calib_steps, setting)
-    pipeline = build_pipeline(policy, setting, verbose, bodies=any(has_bodies(op) for op in graph.operations.values()))
+    if weight_only:
+        pipeline = build_weight_only_pipeline(setting, platform, verbose)
+    else:
+        pipeline = build_pipeline(policy, setting, verbose,
+                                  bodies=any(has_bodies(op) for op in graph.operations.values()))
     records = pipeline.optimize(graph, verbose=verbose, executor=executor, dataloader=batches,
                                 calib_steps=calib_steps, collate_fn=None, held_aside=held_aside)
     verdict_batch = next(iter(held_aside)) if held_aside is not None else checked.first

@@ -72,7 +72,7 @@ def test_the_issues_own_cases():
     error = expect_refused(lambda: setattr(setting, "smoothquant", True), "smoothquant", "smooth_quant")
     assert isinstance(error, PlatformError)  # settings' errors are PlatformErrors, as the JSON loader's
     assert str(error).startswith("QuantizationSetting has no attribute 'smoothquant'; did you mean 'smooth_quant'")
-    error = expect_refused(lambda: setattr(setting, "weight_only_bits", 4), "weight_only_bits", None)
+    error = expect_refused(lambda: setattr(setting, "frobnicate_level", 4), "frobnicate_level", None)
     assert "valid attributes are ['accuracy_target', " in str(error)
     assert setting.to_dict() == before and "smoothquant" not in vars(setting)
 

@@ -161,6 +161,20 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
     group.add_argument("--recalibrate", action="store_true",
                        help="for an already quantized model (QDQ/QOperator): drop its scales and calibrate its float "
                             "graph again for --platform (see `ppqlike inspect` for what it holds)")
+    group = parser.add_argument_group("weight-only quantization (W4A16 / W8A16: MatMul/Gemm weights in blocks, "
+                                      "activations float)")
+    group.add_argument("--weight-only", type=int, choices=(4, 8), metavar="BITS",
+                       help="quantize only the MatMul/Gemm weights, to 4 or 8 bits per value in blocks")
+    group.add_argument("--block-size", type=_positive, metavar="N",
+                       help="values per block along the weight's input dimension (default 32; a power of 2, >= 16)")
+    group.add_argument("--weight-only-method", choices=("rtn", "gptq", "awq"),
+                       help="rtn: nearest rounding (default); gptq: error feedback through the calibration "
+                            "inputs' Hessian; awq: activation-aware channel scales and block clipping")
+    group.add_argument("--weight-only-format", choices=("qdq", "matmulnbits"),
+                       help="qdq: opset-21 blocked DequantizeLinear (default); matmulnbits: com.microsoft "
+                            "MatMulNBits (onnxruntime's 4-bit kernels)")
+    group.add_argument("--weight-only-asymmetric", action="store_true",
+                       help="unsigned blocks with a zero point each (default: signed, zero point 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
     parser.set_defaults(run=run_quantize)
     return parser
@@ -219,6 +233,10 @@ def build_setting(args, platform):
         changes["time_budget_s"] = args.time_budget
     if args.accuracy_target is not None:
         changes["accuracy_target"] = args.accuracy_target
+    weight_only = {"weight_only_bits": args.weight_only, "weight_only_block_size": args.block_size,
+                   "weight_only_method": args.weight_only_method, "weight_only_format": args.weight_only_format,
+                   "weight_only_symmetric": False if args.weight_only_asymmetric else None}
+    changes.update({key: value for key, value in weight_only.items() if value is not None})
     if args.dispatch_table:
         changes["dispatching_table"] = {**setting.dispatching_table, **read_dispatch_table(args.dispatch_table)}
     return QuantizationSetting.from_dict({**setting.to_dict(), **changes}) if changes else setting

@@ -163,6 +163,7 @@ def config_to_json(graph: Graph, parameters: str = "auto") -> dict:
             "channel_axis": data["channel_axis"], "scale": data["scale"], "offset": data["offset"],
             "observer": data["observer_algorithm"], "masters": config.masters, "detail": _jsonable(data["detail"]),
             "requantization": data["requantization"], "runtime_kernel": data["runtime_kernel"],
+            **({"block_size": data["block_size"]} if "block_size" in data else {}),   # weight-only blocks
         }
         state = config.state if config.state is not S.DEQUANTIZED else config.dequantized_from
         if is_baked(state):
@@ -277,6 +278,10 @@ def load_config_json(graph: Graph, source) -> dict:
         if "same_as" in entry:
             created[identifier] = created[entry["same_as"]]
             continue
+        if entry.get("block_size") is not None:
+            raise ExportError(f"the config of {entry['tensor']!r} is a weight-only block config: its integer codes "
+                              "are in the exported model, not in the JSON; quantize the model again (its JSON "
+                              "cannot be reloaded)")
         as_dict = {"name": entry["tensor"], "state": entry["state"], "dequantized_from": entry["dequantized_from"],
                    "policy": entry["policy"], "rounding": entry["rounding"], "num_of_bits": entry["num_of_bits"],
                    "quant_min": entry["quant_min"], "quant_max": entry["quant_max"],

@@ -31,7 +31,7 @@ from .tpu_mlir import export_tpu_mlir_tables
 __all__ = ["export_for_platform", "EXPORT_OPTIONS", "sidecar_paths"]
 
 #: Options of :func:`export_for_platform` (None: the graph's setting, else False / automatic).
-EXPORT_OPTIONS = ("qdq_per_consumer", "uint8_activations", "uint8_weights", "opset")
+EXPORT_OPTIONS = ("qdq_per_consumer", "uint8_activations", "uint8_weights", "opset", "weight_only_format")
 _RANGE_PLATFORMS = (TargetPlatform.TRT_INT8, TargetPlatform.PPL_CUDA_INT8)
 
 
@@ -49,7 +49,8 @@ def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=No
     Options: ``qdq_per_consumer`` and ``uint8_activations`` (default: the graph's setting
     ``export_qdq_per_consumer`` / ``export_uint8_activations``, else False), ``uint8_weights`` (default:
     the setting's ``export_uint8_weights``, else True where the simulation is onnxruntime's integer
-    kernels: its u8 x u8 kernels are exact on every CPU), ``opset``.
+    kernels: its u8 x u8 kernels are exact on every CPU), ``opset``, ``weight_only_format`` ('qdq' or
+    'matmulnbits' for block-quantized weights; default: the setting's ``weight_only_format``).
     ``stacklevel``: where the rounding warning points (2: the caller).
     """
     unknown = sorted(set(options) - set(EXPORT_OPTIONS))
@@ -95,7 +96,9 @@ def export_for_platform(graph: Graph, platform, graph_save_to, config_save_to=No
         temporary = {path: staged.reserve(path) for path in paths}  # every check before any writing
         report = export_qdq_onnx(graph, temporary[paths[0]], qdq_per_consumer=per_consumer,
                                  uint8_activations=uint8, uint8_weights=bool(uint8_weights),
-                                 opset=options.get("opset"), warn=False, staged=staged)
+                                 opset=options.get("opset"), warn=False, staged=staged,
+                                 weight_only_format=options.get("weight_only_format")
+                                 or setting.get("weight_only_format") or "qdq")
         if platform in _RANGE_PLATFORMS:
             export_tensorrt_dynamic_ranges(graph, temporary[sidecars["dynamic_range"]])
         if policy.exporter == "tpu_mlir":

@@ -46,6 +46,8 @@ from ..io.files import MAX_IR_VERSION, StagedFiles
 from ..io.onnx_files import check_onnx_model, write_onnx_model
 from .opset_upgrade import is_converter_node, tensor_views, upgraded_model
 from .qdq_bodies import names_in_bodies, write_bodies
+from .qdq_blocks import block_dequantize_node, to_matmul_nbits
+from ..core.quant_block import is_block_config
 from .common import (config_id, is_param_slot, quantizes, rounding_mismatch, source_path, storage_type,
                      warn_rounding)
 
@@ -155,6 +157,8 @@ class _Builder:
         """The name the op reads for a parameter input (None: the raw initializer)."""
         if config is None or not (is_applied(config.state) or is_baked(config.state)):
             return None
+        if is_block_config(config):   # weight-only blocks: opset-21 blocked DequantizeLinear
+            return block_dequantize_node(self, config, variable.name)
         value = np.asarray(variable.value)
         simulated = np.asarray(apply_config(config, value))
         who = f"parameter {variable.name!r} of {operation.type} {operation.name!r} (slot {slot})"
@@ -261,8 +265,8 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
     # Decide the opset first (16-bit types need 21) with a dry run over the configs.
     for _, operation in walk(graph):
         for _, _, config in (operation.config.iter_configs() if operation.config is not None else ()):
-            if (is_applied(config.state) or is_baked(config.state)) and config.num_of_bits > 8 \
-                    and config.num_of_bits <= 16:
+            if (is_applied(config.state) or is_baked(config.state)) and (8 < config.num_of_bits <= 16
+                                                                          or is_block_config(config)):
                 target = max(target, WIDE_OPSET)
     base = upgraded_model(graph, target)
     views = tensor_views(base, graph)  # slots the converter rewired to a reshaped view (Softmax before 13)
@@ -389,18 +393,24 @@ def _copy_node(node: onnx.NodeProto) -> onnx.NodeProto:
 def export_qdq_onnx(graph: Graph, path: str | os.PathLike, qdq_per_consumer: bool = False,
                     uint8_activations: bool = False, opset: int | None = None,
                     protect: tuple = (), warn: bool = True, uint8_weights: bool = False,
-                    staged: StagedFiles | None = None) -> dict:
+                    staged: StagedFiles | None = None, weight_only_format: str = "qdq") -> dict:
     """Build the QDQ model of ``graph`` and write it to ``path`` atomically.
 
     Refuses to overwrite the graph's source model (recorded by quantize_onnx_model) or any
     path in ``protect``.  Warns (ExportRoundingWarning, unless ``warn`` is False) when the
     platform's rounding makes the export differ from the simulation.  ``staged``: the open
     StagedFiles that reserved ``path`` (a model with external data stages its data file there too).
+    ``weight_only_format`` 'matmulnbits': block-quantized weights become com.microsoft MatMulNBits nodes
+    (``export.qdq_blocks``; 'qdq': blocked DequantizeLinear).
     Returns the report of :func:`build_qdq_model` plus ``path`` and ``files`` (model first).
     """
     model, report = build_qdq_model(graph, qdq_per_consumer=qdq_per_consumer,
                                     uint8_activations=uint8_activations, opset=opset,
                                     uint8_weights=uint8_weights)
+    if weight_only_format == "matmulnbits":
+        model, report["matmulnbits"] = to_matmul_nbits(model)
+    elif weight_only_format != "qdq":
+        raise ExportError(f"weight_only_format {weight_only_format!r} is unknown; choose 'qdq' or 'matmulnbits'")
     report["files"] = write_onnx_model(path, model, protect=(source_path(graph), *protect), staged=staged)
     if warn:
         warn_rounding(report["rounding_mismatch"])

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..core.ir import Graph
 from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_applied, is_baked
+from ..core.quant_block import is_block_config
 from .common import graph_header, is_param_slot, iter_configs, tensor_configs, write_json
 
 FORMAT = "ppqlike-tensorrt-dynamic-range"
@@ -59,6 +60,8 @@ def tensorrt_dynamic_ranges(graph: Graph) -> dict:
             continue
         if not (is_baked(config.state) or is_applied(config.state)) or config.state in (
                 QuantizationStates.PASSIVE, QuantizationStates.PASSIVE_BAKED) or config.scale is None:
+            continue
+        if is_block_config(config):   # weight-only blocks: in the QDQ model, no INT8 amax describes them
             continue
         amax, _ = amax_of(config)
         weights[variable.name] = _number(amax)

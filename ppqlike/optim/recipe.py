@@ -25,9 +25,11 @@ from .passes import (ActivationRangeSearchPass, AdaroundPass, BiasCorrectionPass
                      QuantizationPlacementPass,
                      QuantizationSimplifyPass, QuantizeRefinePass, RuntimeCalibrationPass, RuntimeKernelPass,
                      SmoothQuantPass)
+from .passes import AWQPass, GPTQPass, WeightOnlyQuantizePass
 from .setting import QuantizationSetting
 
-__all__ = ["RECIPES", "Recipe", "apply_recipe", "resolve_policy", "build_pipeline", "format_for_quantization"]
+__all__ = ["RECIPES", "Recipe", "apply_recipe", "resolve_policy", "build_pipeline", "format_for_quantization",
+           "build_weight_only_pipeline"]
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,23 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
         passes.append(RuntimeKernelPass(policy.runtime_kernels))
     passes.append(ParameterBakingPass())
     return registry.apply(QuantizationOptimizationPipeline(passes))
+
+
+def build_weight_only_pipeline(setting: QuantizationSetting, platform,
+                               verbose: int = 0) -> QuantizationOptimizationPipeline:
+    """The weight-only pipeline (``setting.weight_only_bits`` set): GPTQ or AWQ where the setting's
+    ``weight_only_method`` says, then nearest rounding of every weight they left (all of them for 'rtn');
+    the activations stay float, so no calibration, alignment or baking pass runs (nor the registered user
+    passes, which are placed relative to those)."""
+    options = {"bits": setting.weight_only_bits, "block_size": setting.weight_only_block_size,
+               "symmetric": setting.weight_only_symmetric, "platform": platform}
+    passes = []
+    if setting.weight_only_method == "gptq":
+        passes.append(GPTQPass(**options, verbose=verbose > 0))
+    elif setting.weight_only_method == "awq":
+        passes.append(AWQPass(**options, verbose=verbose > 0))
+    passes.append(WeightOnlyQuantizePass(**options))
+    return QuantizationOptimizationPipeline(passes)
 
 
 def format_for_quantization(graph: Graph, setting: QuantizationSetting) -> dict:

@@ -51,6 +51,26 @@ def _check_type(name: str, annotation: str, value) -> None:
         raise PlatformError(f"setting.{name} must be {description}, got {value!r} ({type(value).__name__})")
 
 
+_WEIGHT_ONLY_METHODS = ("rtn", "gptq", "awq")
+_WEIGHT_ONLY_FORMATS = ("qdq", "matmulnbits")
+
+
+def _check_weight_only(setting) -> None:
+    """PlatformError naming the first bad weight-only field."""
+    if setting.weight_only_bits not in (None, 4, 8):
+        raise PlatformError(f"setting.weight_only_bits must be None, 4 or 8, got {setting.weight_only_bits!r}")
+    size = setting.weight_only_block_size
+    if size < 16 or size & (size - 1):
+        raise PlatformError(f"setting.weight_only_block_size must be a power of 2, at least 16 (what "
+                            f"MatMulNBits reads), got {size!r}")
+    if setting.weight_only_method not in _WEIGHT_ONLY_METHODS:
+        raise PlatformError(f"setting.weight_only_method {setting.weight_only_method!r} is unknown; choose one "
+                            f"of {_WEIGHT_ONLY_METHODS}")
+    if setting.weight_only_format not in _WEIGHT_ONLY_FORMATS:
+        raise PlatformError(f"setting.weight_only_format {setting.weight_only_format!r} is unknown; choose one "
+                            f"of {_WEIGHT_ONLY_FORMATS}")
+
+
 @dataclass
 class QuantizationSetting(PPQSettingViews):
     """Every option of a quantization run.  Defaults are what most users want.
@@ -104,6 +124,12 @@ class QuantizationSetting(PPQSettingViews):
     (int8 weights written as uint8 with zero point + 128, the same values: onnxruntime then runs its
     u8 x u8 kernels, exact on every CPU, where its u8 x s8 kernels saturate on x86 without VNNI;
     None: what the platform's exporter prefers, True for ORT_INT8).
+    Weight-only quantization (W4A16 / W8A16, ``ppqlike.optim.passes.weight_only``): ``weight_only_bits``
+    (None: off; 4 or 8: every MatMul/Gemm constant weight quantized in blocks of ``weight_only_block_size``
+    along its input dimension, activations and every other op left float, on any platform),
+    ``weight_only_symmetric`` (signed blocks, zero point 0; False: unsigned with a zero point per block),
+    ``weight_only_method`` ('rtn' nearest rounding, 'gptq', 'awq') and ``weight_only_format`` ('qdq':
+    opset-21 blocked DequantizeLinear; 'matmulnbits': com.microsoft MatMulNBits).
     """
 
     recipe: str = "balanced"
@@ -149,6 +175,11 @@ class QuantizationSetting(PPQSettingViews):
     export_uint8_activations: bool | None = None
     export_qdq_per_consumer: bool | None = None
     export_uint8_weights: bool | None = None
+    weight_only_bits: int | None = None
+    weight_only_block_size: int = 32
+    weight_only_symmetric: bool = True
+    weight_only_method: str = "rtn"
+    weight_only_format: str = "qdq"
 
     def __post_init__(self):
         self.validate()
@@ -205,6 +236,7 @@ class QuantizationSetting(PPQSettingViews):
                                        and -1.0 < target <= 1.0):
             raise PlatformError(f"setting.accuracy_target must be None or a cosine in (-1, 1], "
                                 f"got {target!r}")
+        _check_weight_only(self)
         if not isinstance(self.dispatching_table, dict):
             raise PlatformError("setting.dispatching_table must map op names to 'TARGET' or 'FP32'")
         return self

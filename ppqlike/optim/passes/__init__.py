@@ -20,9 +20,13 @@ from .requantization import IntegerRequantizationPass
 from .runtime_kernels import RuntimeKernelPass
 from .simplify import QuantizationSimplifyPass
 from .smooth_quant import SmoothQuantPass
+from .awq import AWQPass
+from .gptq import GPTQPass
+from .weight_only import WeightOnlyQuantizePass
 
 __all__ = ["QuantizeRefinePass", "FusionPass", "QuantizationSimplifyPass", "ParameterQuantizePass", "RuntimeCalibrationPass",
            "QuantizationAlignmentPass", "PassiveParameterQuantizePass", "ParameterBakingPass", "IntegerRequantizationPass",
            "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass",
            "RuntimeKernelPass", "SmoothQuantPass", "ActivationRangeSearchPass", "Int32BiasRangePass",
-           "QuantizationPlacementPass", "LayerProtectionPass", "BodyQuantizationPass"]
+           "QuantizationPlacementPass", "LayerProtectionPass", "BodyQuantizationPass",
+           "AWQPass", "GPTQPass", "WeightOnlyQuantizePass"]
