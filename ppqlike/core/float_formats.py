@@ -52,8 +52,9 @@ class FloatFormat:
 
     @property
     def quant_range(self) -> tuple[int, int]:
-        """(-max, max) as integers: the range a symmetric observer maps its threshold onto (scale = T / max)."""
-        top = int(self.max_value)
+        """(-max, max) as integers: the range a symmetric observer maps its threshold onto (scale = T / max);
+        capped at 2^62 (BF16's max does not fit an int64)."""
+        top = min(int(self.max_value), 1 << 62)
         return -top, top
 
     @property
