@@ -238,3 +238,42 @@ def test_ppq_float_names_parse_and_remaining_ones_still_refuse():
         assert TargetPlatform.parse(name.lower()).is_quantized
     with pytest.raises(Exception, match="PPQ platform"):
         TargetPlatform.parse("PPL_CUDA_FP16")
+
+
+@pytest.mark.parametrize("platform,mode", [("TPU_BF16", "BF16"), ("TPU_F16", "F16")])
+def test_tpu_whole_model_float_modes(platform, mode, tmp_path):
+    from ppqlike.export import tpu_calibration_table, tpu_quantize_table
+    path = tmp_path / "small.onnx"
+    onnx.save(_small_model(), str(path))
+    rng = np.random.default_rng(12)
+    calib = [rng.standard_normal((8, 3, 8, 8)).astype(np.float32) for _ in range(2)]
+    graph = api.quantize_onnx_model(str(path), calib, platform=platform)
+    table = tpu_quantize_table(graph)
+    assert f"y {mode}" in table.splitlines() and f"c1 {mode}" in table.splitlines()
+    assert not [line for line in tpu_calibration_table(graph).splitlines() if not line.startswith("#")]
+    test = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+    result = verify_export(graph, test, optimizations=("disable",), per_operation_inputs=test[:2])
+    assert result["per_operation"]["min_exact"] == 1.0, result["per_operation"]
+
+
+def test_tpu_int8_moves_layers_to_bf16_before_fp32(tmp_path):
+    from ppqlike.export import tpu_quantize_table
+    from ppqlike.optim.passes.mixed_precision import MixedPrecisionPass
+    path = tmp_path / "small.onnx"
+    onnx.save(_small_model(), str(path))
+    rng = np.random.default_rng(13)
+    calib = [rng.standard_normal((8, 3, 8, 8)).astype(np.float32) for _ in range(4)]
+    setting = QuantizationSettingFactory.for_platform("TPU_INT8")
+    setting.protection = False
+    setting.accuracy_target = 0.9999   # (int8 alone: 0.99974 on the held-aside batches)
+    graph = api.quantize_onnx_model(str(path), calib, platform="TPU_INT8", setting=setting)
+    meta = graph.metadata["quantization"]
+    assert meta.get("mixed_precision_bf16_ops") and not meta["mixed_precision_fp32_ops"], meta   # BF16 was enough
+    table = tpu_quantize_table(graph).splitlines()
+    bf16 = [line for line in table if line.endswith(" BF16")]
+    assert bf16 and len(bf16) >= len(meta["mixed_precision_bf16_ops"]) - 1
+    moved = graph.operations[meta["mixed_precision_bf16_ops"][0]]
+    assert {c.float_format.name for c in moved.config.all_configs() if c.float_format is not None} == {"BF16"}
+    assert moved.config.output_quantization_config[0].requantization is None
+    with pytest.raises(ValueError, match="BF16 or F16"):
+        MixedPrecisionPass(higher_precision_bits="E4M3")

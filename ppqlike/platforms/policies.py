@@ -13,12 +13,12 @@ from .power_of_two import NXP_INT8_POLICY, TIDL_INT8_POLICY
 from .quantizer import PlatformPolicy, PlatformQuantizer
 from .target import TargetPlatform
 from .tensorrt import PPL_CUDA_INT8_POLICY, TRT_INT8_POLICY
-from .tpu import TPU_INT8_POLICY
+from .tpu import TPU_BF16_POLICY, TPU_F16_POLICY, TPU_INT8_POLICY
 
 PLATFORM_POLICIES = MappingProxyType({policy.platform: policy for policy in (
     TRT_INT8_POLICY, PPL_CUDA_INT8_POLICY, ORT_INT8_POLICY, TPU_INT8_POLICY, TIDL_INT8_POLICY,
     NXP_INT8_POLICY, DSP_INT8_POLICY, ACADEMIC_INT8_POLICY, ACADEMIC_W4A8_POLICY,
-    TRT_FP8_POLICY, GRAPHCORE_FP8_POLICY, FP8_POLICY, FP16_POLICY, BF16_POLICY)})
+    TRT_FP8_POLICY, GRAPHCORE_FP8_POLICY, FP8_POLICY, FP16_POLICY, BF16_POLICY, TPU_BF16_POLICY, TPU_F16_POLICY)})
 
 
 def get_platform_policy(platform) -> PlatformPolicy:

@@ -135,8 +135,8 @@ class PlatformPolicy:
     concat_alignment: bool = True
     integer_requantization: bool = False        # True: multiplier + right shift (TPU-MLIR)
     runtime_kernels: str | None = None          # 'onnxruntime': simulate its integer CPU kernels bit for bit
-    higher_precision_bits: int | None = None    # wider integer grid single layers may use (accuracy target);
-    #                                             None: those layers fall back to FP32
+    higher_precision_bits: int | str | None = None  # wider integer grid single layers may use (accuracy target,
+    #                                  protection), or a float format ('BF16', 'F16': TPU-MLIR); None: FP32 only
     exporter: str = "qdq_onnx"
     placement: str = "every_output"             # or 'compute_inputs' (TensorRT): ppqlike.optim.passes.placement
     transformer_placement: str | None = None    # the placement of a graph with LayerNorms (None: ``placement``)

@@ -20,6 +20,8 @@ class TargetPlatform(Enum):
     TRT_INT8 = "TRT_INT8"            # NVIDIA TensorRT
     ORT_INT8 = "ORT_INT8"            # onnxruntime (QDQ)
     TPU_INT8 = "TPU_INT8"            # TPU-MLIR style integer-only
+    TPU_BF16 = "TPU_BF16"            # TPU-MLIR's BF16 mode (every op bfloat16)
+    TPU_F16 = "TPU_F16"              # TPU-MLIR's F16 mode (every op half)
     TIDL_INT8 = "TIDL_INT8"          # TI TIDL, power-of-2 scales
     NXP_INT8 = "NXP_INT8"            # NXP, power-of-2 scales
     DSP_INT8 = "DSP_INT8"            # generic DSP, asymmetric per tensor
