@@ -27,8 +27,8 @@ import numpy as np
 
 from ppqlike.core import numerics
 from ppqlike.core.clipped_quantization import clipped_fake_quantizer
-from ppqlike.core.errors import QuantizationPolicyError, QuantizationStateError
-from ppqlike.core import float_formats
+from ppqlike.core.errors import QuantizationStateError
+from ppqlike.core.float_configs import checked_float_format, float_call, float_fake_quantizer
 from ppqlike.core.quant_grid import QuantGridBase, default_quant_range, readonly
 from ppqlike.core.quant_policy import QuantizationPolicy, QuantizationProperty
 from ppqlike.core.quant_states import (
@@ -313,37 +313,14 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
         return scale, offset, grid._qmin, grid._qmax, axis
 
     def _float_grid(self):
-        """The float format of a float grid (checking its rounding and offset), or None."""
-        fmt = self._grid()._float_format
-        if fmt is not None:
-            if self._rounding is not RoundingPolicy.ROUND_HALF_EVEN:
-                raise QuantizationPolicyError(f"{self._who()}: a {fmt.name} grid rounds half to even (as the "
-                                              f"format's casts do), not {self._rounding.name}")
-            offset = self._resolve()[1]
-            if offset is not None and np.any(offset != 0):
-                raise QuantizationStateError(f"{self._who()}: a {fmt.name} grid has offset 0, got {offset.tolist()}")
-        return fmt
-
-    def _call_float(self, fmt, fn, values):
-        scale, _, _, _, axis = self._params()
-        if fn is numerics.dequantize:
-            return float_formats.float_dequantize(values, scale, axis)
-        if fn is numerics.quantize:
-            return float_formats.float_quantize(values, scale, fmt, axis)
-        return float_formats.float_fake_quantize(values, scale, fmt, axis)
+        """The float format of a float grid (its rounding and offset checked), or None."""
+        return checked_float_format(self._grid()._float_format, self._rounding, self._resolve()[1], self._who())
 
     def _call(self, fn, values, **options):
         fmt = self._float_grid()
-        if fmt is not None:
-            if fn is numerics.quantize_codes:
-                return None
-            result = self._call_float(fmt, fn, values)
-            out = options.get("out")
-            if out is not None:
-                out[...] = result
-                return out
-            return result
         scale, offset, qmin, qmax, axis = self._params()
+        if fmt is not None:
+            return float_call(fn.__name__, fmt, values, scale, axis, options.get("out"))
         try:
             if fn is numerics.dequantize:
                 return fn(values, scale, offset, channel_axis=axis)
@@ -366,18 +343,9 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
         bounds - as a function ``(x, out)`` with its scale and checks resolved now (a kernel's epilogue
         calls it block after block, within one run)."""
         fmt = self._float_grid()
-        if fmt is not None:
-            scale = self._params()[0]
-
-            def float_quantizer(x, out=None):
-                x = np.clip(x, low, high) if clipped else x
-                result = float_formats.float_fake_quantize(x, scale, fmt)
-                if out is None:
-                    return result
-                out[...] = result
-                return out
-            return float_quantizer
         scale, offset, qmin, qmax, _ = self._params()
+        if fmt is not None:
+            return float_fake_quantizer(fmt, scale, low, high, clipped)
         try:
             if clipped:
                 return clipped_fake_quantizer(scale, offset, qmin, qmax, self._rounding, low, high)

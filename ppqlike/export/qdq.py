@@ -114,7 +114,7 @@ class _Builder:
         if scale is None:
             raise ExportError(f"{who}: config {config!r} is {config.state.name} but has no scale")
         if config.float_format is not None:
-            return float_pair(config.float_format, scale, axis, who)
+            return _Pair(*float_pair(config.float_format, scale, axis, who))
         qmin, qmax = config.quant_min, config.quant_max
         kind = storage_type(qmin, qmax, who=who)
         if self.uint8 and kind.numpy == np.int8 and (qmin, qmax) == (-128, 127) and not np.any(offset):
@@ -170,7 +170,7 @@ class _Builder:
         if slot in FLOAT_PARAMETER_SLOTS.get(operation.type, ()) or not np.issubdtype(value.dtype, np.floating):
             return self.float_parameter(variable, simulated.astype(value.dtype, copy=False))
         if config.float_format is not None:
-            return float_parameter(self, config, variable, value, simulated, who)
+            return float_parameter(self, config, variable, value, simulated, who, _resolved(config))
         integers = self.integers(config, value, simulated)
         if integers is None:
             self.notes.append(f"{who}: its simulated value is not on its config's grid; written as float")

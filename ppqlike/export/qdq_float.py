@@ -24,12 +24,12 @@ __all__ = ["FLOAT_OPSET", "float_pair", "add_float_pair", "float_parameter"]
 FLOAT_OPSET = 19
 
 
-def float_pair(fmt, scale: np.ndarray, axis, who: str):
-    """The _Pair of a float grid (zero point 0 as float32; the format says its type)."""
-    from .qdq import _Pair
+def float_pair(fmt, scale: np.ndarray, axis, who: str) -> tuple:
+    """The fields of the pair of a float grid: (scale, zero point 0 as float32 - the format says its type -,
+    axis, no clip, the format)."""
     if fmt.onnx_type not in (TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2) and scale.ndim and np.any(scale != 1):
         raise ExportError(f"{who}: a per-channel {fmt.name} scale other than 1 has no Cast form; use scale 1")
-    return _Pair(np.asarray(scale, np.float32), np.zeros(scale.shape, np.float32), axis, None, fmt)
+    return np.asarray(scale, np.float32), np.zeros(scale.shape, np.float32), axis, None, fmt
 
 
 def _float8_constant(builder, base: str, codes: np.ndarray, fmt) -> str:
@@ -78,9 +78,10 @@ def add_float_pair(builder, source: str, pair, tensor: str, output: str | None) 
     return last
 
 
-def float_parameter(builder, config, variable, value: np.ndarray, simulated: np.ndarray, who: str) -> str | None:
-    """The name an op reads for a parameter on a float grid: its codes in the format's type, dequantized."""
-    from .qdq import _resolved
+def float_parameter(builder, config, variable, value: np.ndarray, simulated: np.ndarray, who: str,
+                    resolved: tuple) -> str | None:
+    """The name an op reads for a parameter on a float grid: its codes in the format's type, dequantized
+    (``resolved``: the config's (scale, offset, axis) as the simulation uses them)."""
     fmt = config.float_format
     if value.dtype != np.float32:
         return builder.float_parameter(variable, simulated.astype(value.dtype, copy=False))
@@ -88,7 +89,7 @@ def float_parameter(builder, config, variable, value: np.ndarray, simulated: np.
     if not np.array_equal(config.dequantize(q), simulated, equal_nan=True):
         builder.notes.append(f"{who}: its simulated value is not on its {fmt.name} grid; written as float")
         return builder.float_parameter(variable, simulated.astype(value.dtype, copy=False))
-    scale, _, axis = _resolved(config)
+    scale, _, axis = resolved
     codes = encode_format(q, fmt)
     base = variable.name
     q_name = _float8_constant(builder, f"{base}_{fmt.name.lower()}", codes, fmt)
