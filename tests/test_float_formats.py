@@ -277,3 +277,25 @@ def test_tpu_int8_moves_layers_to_bf16_before_fp32(tmp_path):
     assert moved.config.output_quantization_config[0].requantization is None
     with pytest.raises(ValueError, match="BF16 or F16"):
         MixedPrecisionPass(higher_precision_bits="E4M3")
+
+
+@pytest.mark.parametrize("platform", ["ACADEMIC_INT4", "PPL_CUDA_INT4", "ACADEMIC_MIX", "PPL_CUDA_MIX"])
+def test_int4_and_mixed_platforms(platform, tmp_path):
+    path = tmp_path / "small.onnx"
+    onnx.save(_small_model(), str(path))
+    rng = np.random.default_rng(14)
+    calib = [rng.standard_normal((8, 3, 8, 8)).astype(np.float32) for _ in range(4)]
+    setting = QuantizationSettingFactory.for_platform(platform)
+    setting.protection = False
+    if platform.endswith("MIX"):
+        setting.accuracy_target = 0.995
+    graph = api.quantize_onnx_model(str(path), calib, platform=platform, setting=setting)
+    bits = {c.num_of_bits for op in graph.operations.values() if op.config is not None
+            for c in op.config.all_configs() if c.state.name in ("ACTIVATED", "BAKED") and c.num_of_bits < 32}
+    assert 4 in bits
+    if platform.endswith("MIX"):   # int8 is the higher precision tried before FP32
+        meta = graph.metadata["quantization"]
+        assert meta["mixed_precision_int8_ops"] and 8 in bits, meta
+    test = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+    result = verify_export(graph, test, optimizations=("disable",), per_operation_inputs=test[:2])
+    assert result["per_operation"]["min_exact"] >= 0.99 and result["per_operation"]["max_steps"] <= 1.0 + 1e-4

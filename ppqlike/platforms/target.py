@@ -33,6 +33,10 @@ class TargetPlatform(Enum):
     FP8 = "FP8"                      # academic FP8 E4M3
     FP16 = "FP16"                    # academic: every quantizable op cast to half
     BF16 = "BF16"                    # academic: every quantizable op cast to bfloat16
+    PPL_CUDA_INT4 = "PPL_CUDA_INT4"  # OpenPPL CUDA, int4 activations and weights
+    PPL_CUDA_MIX = "PPL_CUDA_MIX"    # PPL CUDA int4, int8 as the higher precision
+    ACADEMIC_INT4 = "ACADEMIC_INT4"  # every quantizable op, int4 activations and weights
+    ACADEMIC_MIX = "ACADEMIC_MIX"    # academic int4, int8 as the higher precision
     FP32 = "FP32"                    # internal: runs in float (CPU fallback)
     SOI = "SOI"                      # internal: shape or index, never quantized
     UNSPECIFIED = "UNSPECIFIED"      # internal: not decided yet
@@ -57,10 +61,6 @@ class TargetPlatform(Enum):
     METAX_INT8_C = "PPQ:METAX_INT8_C"
     METAX_INT8_T = "PPQ:METAX_INT8_T"
     HOST_INT8 = "PPQ:HOST_INT8"
-    ACADEMIC_MIX = "PPQ:ACADEMIC_MIX"
-    PPL_CUDA_MIX = "PPQ:PPL_CUDA_MIX"
-    ACADEMIC_INT4 = "PPQ:ACADEMIC_INT4"
-    PPL_CUDA_INT4 = "PPQ:PPL_CUDA_INT4"
 
     @classmethod
     def parse(cls, value: "TargetPlatform | str") -> "TargetPlatform":
@@ -102,10 +102,6 @@ PPQ_UNSUPPORTED = {
     _T.METAX_INT8_C: (_T.TRT_INT8, "MetaX's export format is not written"),
     _T.METAX_INT8_T: (_T.DSP_INT8, "MetaX's export format is not written"),
     _T.HOST_INT8: (_T.ACADEMIC_INT8, "PPQ's host quantizer is not reproduced"),
-    _T.ACADEMIC_MIX: (_T.ACADEMIC_INT8, "use setting.accuracy_target for mixed precision"),
-    _T.PPL_CUDA_MIX: (_T.PPL_CUDA_INT8, "use setting.accuracy_target for mixed precision"),
-    _T.ACADEMIC_INT4: (_T.ACADEMIC_W4A8, "4-bit activations are not a policy here"),
-    _T.PPL_CUDA_INT4: (_T.ACADEMIC_W4A8, "4-bit activations are not a policy here"),
 }
 
 #: Every quantized platform ppqlike implements, in declaration order.

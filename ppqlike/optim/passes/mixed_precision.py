@@ -89,8 +89,8 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
             self.bits = _TPU_FORMAT_NAMES.get(float_format(higher_precision_bits).name)
             if self.bits is None:
                 raise ValueError(f"a float higher precision must be BF16 or F16, got {higher_precision_bits!r}")
-        elif higher_precision_bits is not None and not 8 < int(higher_precision_bits) <= 16:
-            raise ValueError(f"higher_precision_bits must be None or in (8, 16], got {higher_precision_bits}")
+        elif higher_precision_bits is not None and not 4 < int(higher_precision_bits) <= 16:
+            raise ValueError(f"higher_precision_bits must be None or in (4, 16], got {higher_precision_bits}")
         else:
             self.bits = None if higher_precision_bits is None else int(higher_precision_bits)
         self.target, self.batches, self.max_ops = float(target), int(batches), max_ops
