@@ -137,8 +137,11 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         return None
 
     def _move(self, graph: Graph, unit, units, observed: dict) -> str:
-        if isinstance(self.bits, str):   # a float format (TPU-MLIR's BF16 / F16 modes): a cast, no range to fit
+        if isinstance(self.bits, str):   # a float format (TPU-MLIR's BF16 / F16 modes): a cast, no range to fit;
+            unit = with_pass_through_readers(unit)   # the readers too, as for FP32 (the wrecked range is read there)
             move_to_float_format(graph, unit, self.bits)
+            for reader in reader_units(graph, unit, units):
+                move_to_float_format(graph, reader, self.bits)
             return self.bits
         if self.bits is not None and can_widen(unit):
             move_to_wider_grid(graph, unit, self.bits, observed)
