@@ -583,16 +583,19 @@ def test_mixed_precision_leaves_a_good_graph_alone_and_records_in_metadata():
     setting.mixed_precision_batches = 1
     setting.protection = False   # the accuracy target alone moves the sensitive op
     graph = quantize_onnx_model(sensitive_model(), batches, platform="TPU_INT8", setting=setting)
-    chosen = graph.metadata["quantization"]["mixed_precision_fp32_ops"]
-    assert chosen and all(str(getattr(graph.operations[n].platform, "name", "")) == "FP32" for n in chosen)
+    meta = graph.metadata["quantization"]
+    chosen, bf16 = meta["mixed_precision_fp32_ops"], meta["mixed_precision_bf16_ops"]
+    assert chosen or bf16   # TPU-MLIR's BF16 is tried before FP32 (issue 36)
+    assert all(str(getattr(graph.operations[n].platform, "name", "")) == "FP32" for n in chosen)
     try:
         from ppqlike.export.tpu_mlir import tpu_quantize_table
     except ImportError:  # the exporter is optional here
         return
     table = tpu_quantize_table(graph)
-    for name in chosen:
-        for variable in graph.operations[name].outputs:
-            assert f"{variable.name} F32" in table
+    for names, mode in ((chosen, "F32"), (bf16, "BF16")):
+        for name in names:
+            for variable in graph.operations[name].outputs:
+                assert f"{variable.name} {mode}" in table
 
 
 def test_settings_validate_accuracy_options():

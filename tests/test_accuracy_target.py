@@ -30,7 +30,7 @@ def _mixed_precision_report(graph):
 def test_platforms_name_their_wider_grid():
     assert {name: get_platform_policy(name).higher_precision_bits
             for name in ("ORT_INT8", "DSP_INT8", "TIDL_INT8", "TRT_INT8", "TPU_INT8", "NXP_INT8")} == \
-        {"ORT_INT8": 16, "DSP_INT8": 16, "TIDL_INT8": 16, "TRT_INT8": None, "TPU_INT8": None, "NXP_INT8": None}
+        {"ORT_INT8": 16, "DSP_INT8": 16, "TIDL_INT8": 16, "TRT_INT8": None, "TPU_INT8": "BF16", "NXP_INT8": None}
 
 
 def test_the_sensitive_layer_moves_to_int16_with_its_weights_and_its_grid():
@@ -62,10 +62,20 @@ def test_the_sensitive_layer_moves_to_int16_with_its_weights_and_its_grid():
 
 def test_a_platform_without_a_wider_grid_moves_to_fp32():
     batches = data(3)
-    graph = _quantize(sensitive_model(), "TPU_INT8", 0.99, batches)
+    graph = _quantize(sensitive_model(), "NXP_INT8", 0.99, batches)
     meta = graph.metadata["quantization"]
     assert "conv2" in meta["mixed_precision_fp32_ops"] and "mixed_precision_int16_ops" not in meta
     assert graph.operations["conv2"].platform.name == "FP32"
+
+
+def test_tpu_moves_the_sensitive_layer_to_bf16_not_fp32():
+    batches = data(3)
+    graph = _quantize(sensitive_model(), "TPU_INT8", 0.99, batches)
+    meta = graph.metadata["quantization"]
+    assert "conv2" in meta["mixed_precision_bf16_ops"] and meta["mixed_precision_fp32_ops"] == []
+    assert graph.operations["conv2"].platform.name == "TPU_INT8"
+    assert graph.operations["conv2"].config.input_quantization_config[1].float_format.name == "BF16"
+    assert measured_cosine(graph, batches[:2]) >= 0.99
 
 
 def test_fp32_follows_when_int16_is_not_enough():

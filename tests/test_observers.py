@@ -17,7 +17,7 @@ from ppqlike.optim.observers import (
     PercentileObserver, SearchObserver, kl_best_bins, kl_divergences, make_observer,
 )
 
-ALGORITHMS = ["minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search", "auto"]
+ALGORITHMS = ["minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search", "auto", "unit"]
 HISTOGRAM_ALGORITHMS = ["percentile", "kl", "mse", "search"]
 
 

@@ -73,7 +73,7 @@ def _cosine(model, graph, path) -> float:
     return float(np.mean(sample_cosines(run_onnxruntime(exported, {"x": x}), run_onnxruntime(model, {"x": x}))))
 
 
-@pytest.mark.parametrize("platform,precision", [("TRT_INT8", "FP32"), ("TPU_INT8", "FP32"), ("ORT_INT8", "INT16")])
+@pytest.mark.parametrize("platform,precision", [("TRT_INT8", "FP32"), ("TPU_INT8", "BF16"), ("ORT_INT8", "INT16")])
 def test_the_wrecked_layer_is_found_and_protected(platform, precision, tmp_path):
     model = _spread_model()
     plain, warned = _quantize(model, platform, protection=False)

@@ -406,6 +406,8 @@ def export_folder(graph, platform, output, names: dict, source: str, started: fl
             "protected_ops": metadata.get("protected_ops"),
             "moved_to_fp32_for_accuracy_target": metadata.get("mixed_precision_fp32_ops"),
             "moved_to_int16_for_accuracy_target": metadata.get("mixed_precision_int16_ops"),
+            **{f"moved_to_{mode}_for_accuracy_target": metadata[f"mixed_precision_{mode}_ops"]
+               for mode in ("bf16", "f16") if f"mixed_precision_{mode}_ops" in metadata},
             "passes": [{"name": p["name"], "seconds": p["seconds"]} for p in metadata.get("passes", [])],
             "peak_memory_mib": peak_memory_mib()})
         write_summary(staging, names["summary"], summary)

@@ -28,6 +28,7 @@ import numpy as np
 from ppqlike.core import numerics
 from ppqlike.core.clipped_quantization import clipped_fake_quantizer
 from ppqlike.core.errors import QuantizationStateError
+from ppqlike.core.float_configs import checked_float_format, float_call, float_fake_quantizer
 from ppqlike.core.quant_grid import QuantGridBase, default_quant_range, readonly
 from ppqlike.core.quant_policy import QuantizationPolicy, QuantizationProperty
 from ppqlike.core.quant_states import (
@@ -68,10 +69,10 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
                  num_of_bits: int = 8, quant_min: int | None = None, quant_max: int | None = None,
                  scale=None, offset=None, observer_algorithm: str = "minmax",
                  channel_axis: int | None = None, state: QuantizationStates = S.INITIAL,
-                 name: str = "", detail: dict | None = None):
+                 name: str = "", detail: dict | None = None, float_format=None):
         self._masters: tuple[TensorQuantizationConfig, ...] = ()
         self._dequantized_from: QuantizationStates | None = None
-        self._init_grid(name, policy, rounding, num_of_bits, quant_min, quant_max, channel_axis)
+        self._init_grid(name, policy, rounding, num_of_bits, quant_min, quant_max, channel_axis, float_format)
         self.observer_algorithm = observer_algorithm
         #: free-form facts passes report about this config (search candidates, AdaRound losses)
         self.detail: dict = dict(detail or {})
@@ -270,6 +271,7 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
             raise self._illegal(state, "its masters have no scale to adopt")
         if grid is not self:
             self._policy, self._bits, self._channel_axis = grid._policy, grid._bits, grid._channel_axis
+            self._float_format = grid._float_format
             self._qmin, self._qmax = grid._qmin, grid._qmax
         self._scale, self._offset = scale, offset
         self._masters = ()
@@ -310,8 +312,15 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
         axis = grid._channel_axis if scale.ndim else None
         return scale, offset, grid._qmin, grid._qmax, axis
 
+    def _float_grid(self):
+        """The float format of a float grid (its rounding and offset checked), or None."""
+        return checked_float_format(self._grid()._float_format, self._rounding, self._resolve()[1], self._who())
+
     def _call(self, fn, values, **options):
+        fmt = self._float_grid()
         scale, offset, qmin, qmax, axis = self._params()
+        if fmt is not None:
+            return float_call(fn.__name__, fmt, values, scale, axis, options.get("out"))
         try:
             if fn is numerics.dequantize:
                 return fn(values, scale, offset, channel_axis=axis)
@@ -333,7 +342,10 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
         """This per-tensor config's ``fake_quantize`` - or, ``clipped``, ``fake_quantize_clipped`` with these
         bounds - as a function ``(x, out)`` with its scale and checks resolved now (a kernel's epilogue
         calls it block after block, within one run)."""
+        fmt = self._float_grid()
         scale, offset, qmin, qmax, _ = self._params()
+        if fmt is not None:
+            return float_fake_quantizer(fmt, scale, low, high, clipped)
         try:
             if clipped:
                 return clipped_fake_quantizer(scale, offset, qmin, qmax, self._rounding, low, high)
@@ -374,6 +386,7 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
             "masters": [m.name for m in self._masters], "detail": _copy.deepcopy(self.detail),
             "requantization": None if self.requantization is None else self.requantization.to_dict(),
             "runtime_kernel": self.runtime_kernel,
+            **({} if self.float_format is None else {"float_format": self.float_format.name}),
         }
 
     @classmethod
@@ -384,7 +397,8 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
         cfg = cls(QuantizationPolicy.from_dict(data["policy"]), data.get("rounding", "ROUND_HALF_EVEN"),
                   data["num_of_bits"], data["quant_min"], data["quant_max"],
                   observer_algorithm=data.get("observer_algorithm", "minmax"),
-                  channel_axis=data.get("channel_axis"), name=data.get("name", ""), detail=data.get("detail"))
+                  channel_axis=data.get("channel_axis"), name=data.get("name", ""), detail=data.get("detail"),
+                  float_format=data.get("float_format"))
         cfg.requantization = IntegerRequantization.from_dict(data.get("requantization"))
         cfg.runtime_kernel = data.get("runtime_kernel")
         if data.get("scale") is not None:
@@ -410,7 +424,9 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
         else:
             params = f"{scale.size} channels on axis {self.channel_axis}"
         under = f" under {self._masters[0].name!r}" if self._masters else ""
-        return (f"TQC({self.name!r} {self._state.name}{under} {self.num_of_bits}b"
+        fmt = self.float_format
+        width = f"{fmt.name}" if fmt is not None else f"{self.num_of_bits}b"
+        return (f"TQC({self.name!r} {self._state.name}{under} {width}"
                 f"[{self.quant_min},{self.quant_max}] {params})")
 
 

@@ -139,4 +139,4 @@ def requantized(config: TensorQuantizationConfig | None, side: str) -> bool:
 def same_grid(a: TensorQuantizationConfig, b: TensorQuantizationConfig) -> bool:
     """True when two configs would quantize identically (policy, bits, range, rounding)."""
     return (a.policy == b.policy and a.num_of_bits == b.num_of_bits and a.quant_min == b.quant_min
-            and a.quant_max == b.quant_max and a.rounding == b.rounding)
+            and a.quant_max == b.quant_max and a.rounding == b.rounding and a.float_format is b.float_format)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ppqlike.core.errors import QuantizationPolicyError, QuantizationStateError
+from ppqlike.core.float_formats import FloatFormat, float_format as parse_float_format
 from ppqlike.core.quant_policy import QuantizationPolicy
 from ppqlike.core.rounding import RoundingPolicy
 
@@ -40,10 +41,16 @@ def readonly(a: np.ndarray) -> np.ndarray:
 class QuantGridBase:
     """Grid fields and own scale/offset storage with validation; see TensorQuantizationConfig."""
 
-    def _init_grid(self, name, policy, rounding, num_of_bits, quant_min, quant_max, channel_axis) -> None:
+    def _init_grid(self, name, policy, rounding, num_of_bits, quant_min, quant_max, channel_axis,
+                   float_format=None) -> None:
         self.name = name
         self._policy = as_policy(policy)
         self._rounding = RoundingPolicy.parse(rounding)
+        self._float_format = parse_float_format(float_format)
+        if self._float_format is not None:   # a float grid: its width, and [-max, max] as the observers' range
+            num_of_bits = self._float_format.num_of_bits
+            if quant_min is None:
+                quant_min, quant_max = self._float_format.quant_range
         self._bits = int(num_of_bits)
         if not 2 <= self._bits <= 32:
             raise QuantizationPolicyError(f"{self._who()}: num_of_bits must be in [2, 32], got {num_of_bits}")
@@ -70,7 +77,8 @@ class QuantGridBase:
 
     def _check_range(self, bits: int, qmin, qmax) -> tuple[int, int]:
         qmin, qmax = int(qmin), int(qmax)
-        if qmin >= qmax or qmax - qmin > (1 << bits) - 1:
+        wide = getattr(self, "_float_format", None) is not None   # a float grid's range is [-max, max]
+        if qmin >= qmax or (qmax - qmin > (1 << bits) - 1 and not wide):
             raise QuantizationStateError(f"{self._who()}: range [{qmin}, {qmax}] does not fit {bits} bits")
         return qmin, qmax
 
@@ -143,6 +151,24 @@ class QuantGridBase:
         self._rounding = RoundingPolicy.parse(value)
 
     @property
+    def float_format(self) -> FloatFormat | None:
+        """The floating-point format of a float grid (FP8 E4M3FN/E5M2, FP16, BF16; the master's when
+        OVERLAPPED/SLAVE), or None for an integer grid.  A float grid quantizes q = cast(x / S), r = q * S
+        (``ppqlike.core.float_formats``), offset 0, rounding half to even."""
+        return self._grid()._float_format
+
+    @float_format.setter
+    def float_format(self, value) -> None:
+        self._grid_owned("float_format")
+        fmt = parse_float_format(value)
+        if fmt is None:
+            self._float_format = None
+            self._bits, (self._qmin, self._qmax) = 8, default_quant_range(8, self._policy.symmetric)
+            return
+        self._float_format, self._bits = fmt, fmt.num_of_bits
+        self._qmin, self._qmax = fmt.quant_range
+
+    @property
     def num_of_bits(self) -> int:
         """Bit width (the master's when OVERLAPPED/SLAVE)."""
         return self._grid()._bits
@@ -154,6 +180,9 @@ class QuantGridBase:
         The own scale is kept (recalibrate); an own offset outside the new range raises.
         """
         self._grid_owned("num_of_bits")
+        if self._float_format is not None:
+            raise QuantizationPolicyError(f"{self._who()}: a {self._float_format.name} grid has "
+                                          f"{self._float_format.num_of_bits} bits; set float_format instead")
         bits = int(bits)
         if not 2 <= bits <= 32:
             raise QuantizationPolicyError(f"{self._who()}: num_of_bits must be in [2, 32], got {bits}")

@@ -85,7 +85,9 @@ def _grid_of(config: TensorQuantizationConfig) -> tuple | None:
         return None
     scale, offset = np.asarray(config.scale), np.asarray(config.offset)
     axis = config.channel_axis if scale.ndim else None
-    return scale.dtype.str, scale.tobytes(), offset.tobytes(), config.quant_min, config.quant_max, axis
+    fmt = config.float_format
+    return (scale.dtype.str, scale.tobytes(), offset.tobytes(), config.quant_min, config.quant_max, axis,
+            None if fmt is None else fmt.name)
 
 
 def keeps_grid(config: TensorQuantizationConfig | None, key: tuple | None) -> bool:

@@ -48,6 +48,7 @@ from .opset_upgrade import is_converter_node, tensor_views, upgraded_model
 from .qdq_bodies import names_in_bodies, write_bodies
 from .qdq_blocks import block_dequantize_node, to_matmul_nbits
 from ..core.quant_block import is_block_config
+from .qdq_float import FLOAT_OPSET, add_float_pair, float_pair, float_parameter
 from .common import (config_id, is_param_slot, quantizes, rounding_mismatch, source_path, storage_type,
                      warn_rounding)
 
@@ -71,6 +72,7 @@ class _Pair:
     zero_point: np.ndarray     # storage dtype, same shape
     axis: int | None
     clip: tuple | None         # (low, high) float32 when the range is narrower than the type
+    float_format: object = None  # a FloatFormat (core.float_formats): an FP8 pair or an FP16/BF16 Cast pair
 
 
 @dataclass
@@ -113,6 +115,8 @@ class _Builder:
         scale, offset, axis = _resolved(config)
         if scale is None:
             raise ExportError(f"{who}: config {config!r} is {config.state.name} but has no scale")
+        if config.float_format is not None:
+            return _Pair(*float_pair(config.float_format, scale, axis, who))
         qmin, qmax = config.quant_min, config.quant_max
         kind = storage_type(qmin, qmax, who=who)
         if self.uint8 and kind.numpy == np.int8 and (qmin, qmax) == (-128, 127) and not np.any(offset):
@@ -132,6 +136,9 @@ class _Builder:
 
     def add_pair(self, source: str, pair: _Pair, tensor: str, output: str | None = None) -> str:
         """Q → DQ (→ Clip) after the tensor named ``source``; returns the name of the result."""
+        if pair.float_format is not None:
+            self.counts["activation_pairs"] += 1
+            return add_float_pair(self, source, pair, tensor, output)
         scale = self.constant(f"{tensor}_scale", pair.scale)
         zero = self.constant(f"{tensor}_zero_point", pair.zero_point)
         axis = {} if pair.axis is None else {"axis": int(pair.axis)}
@@ -166,6 +173,8 @@ class _Builder:
             return None
         if slot in FLOAT_PARAMETER_SLOTS.get(operation.type, ()) or not np.issubdtype(value.dtype, np.floating):
             return self.float_parameter(variable, simulated.astype(value.dtype, copy=False))
+        if config.float_format is not None:
+            return float_parameter(self, config, variable, value, simulated, who, _resolved(config))
         integers = self.integers(config, value, simulated)
         if integers is None:
             self.notes.append(f"{who}: its simulated value is not on its config's grid; written as float")
@@ -265,8 +274,11 @@ def build_qdq_model(graph: Graph, qdq_per_consumer: bool = False, uint8_activati
     # Decide the opset first (16-bit types need 21) with a dry run over the configs.
     for _, operation in walk(graph):
         for _, _, config in (operation.config.iter_configs() if operation.config is not None else ()):
-            if (is_applied(config.state) or is_baked(config.state)) and (8 < config.num_of_bits <= 16
-                                                                          or is_block_config(config)):
+            if not (is_applied(config.state) or is_baked(config.state)):
+                continue
+            if config.float_format is not None:
+                target = max(target, FLOAT_OPSET)
+            elif 8 < config.num_of_bits <= 16 or is_block_config(config):
                 target = max(target, WIDE_OPSET)
     base = upgraded_model(graph, target)
     views = tensor_views(base, graph)  # slots the converter rewired to a reshaped view (Softmax before 13)

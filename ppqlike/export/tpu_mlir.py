@@ -15,8 +15,10 @@ S*(qmax-Z) and the threshold is the larger magnitude: an unsigned symmetric conf
 which TPU-MLIR makes the same uint8 type (sign = min < 0, scale = threshold / 255).  Tensor names are the ONNX tensor names,
 which TPU-MLIR uses as op names.
 
-Quantize table (``--quantize_table``): ``<op output tensor> <mode>`` lines, here ``F32`` for every
-op that runs in float (dispatched FP32); shape-or-index ops are left to TPU-MLIR.
+Quantize table (``--quantize_table``): ``<op output tensor> <mode>`` lines: ``F32`` for every
+op that runs in float (dispatched FP32), ``BF16`` / ``F16`` for every op whose configs are on that float
+grid (a layer the accuracy target or the protection moved there; every op of TPU_BF16 / TPU_F16); shape-or-index
+ops are left to TPU-MLIR.  Tensors on a float grid have no line in the calibration table.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def tpu_calibration_table(graph: Graph) -> str:
     lines = _header(graph, "calibration table") + [
         "# threshold = scale * 127 (TPU-MLIR: scale = threshold / 127)", "###", "# op_name    threshold    min    max"]
     for name, config in tensor_configs(graph).items():
+        if config.float_format is not None:   # a BF16/F16 tensor: its mode is in the quantize table
+            continue
         amax, exact = amax_of(config)
         threshold = float(np.max(amax))
         if exact:
@@ -71,7 +75,22 @@ def tpu_quantize_table(graph: Graph) -> str:
     for operation in graph.topological_sort():
         if operation.platform is TargetPlatform.FP32 or operation.platform == TargetPlatform.FP32.name:
             lines += [f"{variable.name} F32" for variable in operation.outputs]
+            continue
+        mode = _float_mode(operation)
+        if mode is not None:
+            lines += [f"{variable.name} {mode}" for variable in operation.outputs]
     return "\n".join(lines) + "\n"
+
+
+def _float_mode(operation) -> str | None:
+    """``BF16`` / ``F16`` when the op's own configs (weights, outputs) are on that float grid, else None."""
+    if operation.config is None:
+        return None
+    names = {c.float_format.name for c in operation.config.all_configs() if c.float_format is not None
+             and c.state.name not in ("FP32", "SOI", "DEACTIVATED")}
+    if not names:
+        return None
+    return {"BF16": "BF16", "FP16": "F16"}.get(sorted(names)[0])
 
 
 def export_tpu_mlir_tables(graph: Graph, cali_table_path, qtable_path, protect: tuple = ()) -> list[str]:

@@ -136,8 +136,8 @@ def resolve_policy(platform, setting: QuantizationSetting) -> PlatformPolicy:
     recurrent ops' treatment, the placement)."""
     policy = get_platform_policy(platform)
     changes: dict[str, Any] = {}
-    if setting.activation_observer is not None:
-        changes["activation"] = replace(policy.activation, observer=setting.activation_observer)
+    if setting.activation_observer is not None and policy.activation.observer != "unit":   # (unit: FP16/BF16
+        changes["activation"] = replace(policy.activation, observer=setting.activation_observer)  # casts, no range)
     if setting.weight_per_channel is not None:
         changes["weight"] = replace(policy.weight, per_channel=setting.weight_per_channel)
     if setting.add_alignment is not None:

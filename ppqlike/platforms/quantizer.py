@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..core.errors import PlatformError
+from ..core.float_formats import float_format
 from ..core.ir import Graph, Operation, Variable
 from ..core.op_facts import weight_channel_axis
 from ..core.quant import (OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
@@ -40,9 +41,12 @@ class TensorPolicy:
     power_of_2: bool = False
     observer: str = "minmax"
     unsigned_non_negative: bool = False   # a symmetric tensor whose calibration minimum is >= 0 is unsigned
+    float_format: str | None = None  # a float grid ('E4M3FN', 'E5M2', 'FP16', 'BF16'; core.float_formats) or None
 
     def quant_range(self) -> tuple[int, int]:
-        """(quant_min, quant_max) of this policy."""
+        """(quant_min, quant_max) of this policy ([-max, max] for a float format)."""
+        if self.float_format is not None:
+            return float_format(self.float_format).quant_range
         if not self.signed:
             return 0, 2 ** self.num_of_bits - 1
         low, high = -(2 ** (self.num_of_bits - 1)), 2 ** (self.num_of_bits - 1) - 1
@@ -131,8 +135,8 @@ class PlatformPolicy:
     concat_alignment: bool = True
     integer_requantization: bool = False        # True: multiplier + right shift (TPU-MLIR)
     runtime_kernels: str | None = None          # 'onnxruntime': simulate its integer CPU kernels bit for bit
-    higher_precision_bits: int | None = None    # wider integer grid single layers may use (accuracy target);
-    #                                             None: those layers fall back to FP32
+    higher_precision_bits: int | str | None = None  # wider integer grid single layers may use (accuracy target,
+    #                                  protection), or a float format ('BF16', 'F16': TPU-MLIR); None: FP32 only
     exporter: str = "qdq_onnx"
     placement: str = "every_output"             # or 'compute_inputs' (TensorRT): ppqlike.optim.passes.placement
     transformer_placement: str | None = None    # the placement of a graph with LayerNorms (None: ``placement``)
@@ -167,7 +171,7 @@ class PlatformQuantizer:
         return TensorQuantizationConfig(
             tensor_policy.quantization_policy(per_channel), self.policy.rounding, tensor_policy.num_of_bits,
             low, high, observer_algorithm=tensor_policy.observer,
-            channel_axis=channel_axis if per_channel else None, name=name)
+            channel_axis=channel_axis if per_channel else None, name=name, float_format=tensor_policy.float_format)
 
     def _bias_config(self, name: str, channel_axis: int | None) -> TensorQuantizationConfig:
         weight = self.policy.weight

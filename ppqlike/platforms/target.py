@@ -20,12 +20,23 @@ class TargetPlatform(Enum):
     TRT_INT8 = "TRT_INT8"            # NVIDIA TensorRT
     ORT_INT8 = "ORT_INT8"            # onnxruntime (QDQ)
     TPU_INT8 = "TPU_INT8"            # TPU-MLIR style integer-only
+    TPU_BF16 = "TPU_BF16"            # TPU-MLIR's BF16 mode (every op bfloat16)
+    TPU_F16 = "TPU_F16"              # TPU-MLIR's F16 mode (every op half)
     TIDL_INT8 = "TIDL_INT8"          # TI TIDL, power-of-2 scales
     NXP_INT8 = "NXP_INT8"            # NXP, power-of-2 scales
     DSP_INT8 = "DSP_INT8"            # generic DSP, asymmetric per tensor
     PPL_CUDA_INT8 = "PPL_CUDA_INT8"  # OpenPPL CUDA
     ACADEMIC_INT8 = "ACADEMIC_INT8"  # every quantizable op, plain min-max
     ACADEMIC_W4A8 = "ACADEMIC_W4A8"  # 4-bit weights, 8-bit activations
+    TRT_FP8 = "TRT_FP8"              # TensorRT FP8 (E4M3)
+    GRAPHCORE_FP8 = "GRAPHCORE_FP8"  # Graphcore IPU FP8 (E4M3, power-of-2 scales)
+    FP8 = "FP8"                      # academic FP8 E4M3
+    FP16 = "FP16"                    # academic: every quantizable op cast to half
+    BF16 = "BF16"                    # academic: every quantizable op cast to bfloat16
+    PPL_CUDA_INT4 = "PPL_CUDA_INT4"  # OpenPPL CUDA, int4 activations and weights
+    PPL_CUDA_MIX = "PPL_CUDA_MIX"    # PPL CUDA int4, int8 as the higher precision
+    ACADEMIC_INT4 = "ACADEMIC_INT4"  # every quantizable op, int4 activations and weights
+    ACADEMIC_MIX = "ACADEMIC_MIX"    # academic int4, int8 as the higher precision
     FP32 = "FP32"                    # internal: runs in float (CPU fallback)
     SOI = "SOI"                      # internal: shape or index, never quantized
     UNSPECIFIED = "UNSPECIFIED"      # internal: not decided yet
@@ -44,16 +55,7 @@ class TargetPlatform(Enum):
 
     # PPQ's platforms ppqlike has no policy for: they exist (so PPQ scripts that name them load) and using
     # one raises a PlatformError naming the closest supported platform (see PPQ_UNSUPPORTED)
-    TRT_FP8 = "PPQ:TRT_FP8"
-    GRAPHCORE_FP8 = "PPQ:GRAPHCORE_FP8"
-    FP8 = "PPQ:FP8"
-    FP16 = "PPQ:FP16"
-    BF16 = "PPQ:BF16"
     PPL_CUDA_FP16 = "PPQ:PPL_CUDA_FP16"
-    PPL_CUDA_INT4 = "PPQ:PPL_CUDA_INT4"
-    PPL_CUDA_MIX = "PPQ:PPL_CUDA_MIX"
-    ACADEMIC_INT4 = "PPQ:ACADEMIC_INT4"
-    ACADEMIC_MIX = "PPQ:ACADEMIC_MIX"
     TENGINE_INT8 = "PPQ:TENGINE_INT8"
     MNN_INT8 = "PPQ:MNN_INT8"
     METAX_INT8_C = "PPQ:METAX_INT8_C"
@@ -94,16 +96,7 @@ _INTERNAL = frozenset({TargetPlatform.FP32, TargetPlatform.SOI, TargetPlatform.U
 _T = TargetPlatform
 #: PPQ platform -> (the closest ppqlike platform, why it is not the same)
 PPQ_UNSUPPORTED = {
-    _T.TRT_FP8: (_T.TRT_INT8, "FP8 formats are not simulated"),
-    _T.GRAPHCORE_FP8: (_T.TRT_INT8, "FP8 formats are not simulated"),
-    _T.FP8: (_T.TRT_INT8, "FP8 formats are not simulated"),
-    _T.FP16: (_T.FP32, "half precision is not a quantization target here"),
-    _T.BF16: (_T.FP32, "bfloat16 is not a quantization target here"),
     _T.PPL_CUDA_FP16: (_T.PPL_CUDA_INT8, "half precision is not a quantization target here"),
-    _T.PPL_CUDA_INT4: (_T.ACADEMIC_W4A8, "4-bit activations are not a policy here"),
-    _T.PPL_CUDA_MIX: (_T.PPL_CUDA_INT8, "use setting.accuracy_target for mixed precision"),
-    _T.ACADEMIC_INT4: (_T.ACADEMIC_W4A8, "4-bit activations are not a policy here"),
-    _T.ACADEMIC_MIX: (_T.ACADEMIC_INT8, "use setting.accuracy_target for mixed precision"),
     _T.TENGINE_INT8: (_T.TRT_INT8, "Tengine's export format is not written"),
     _T.MNN_INT8: (_T.TRT_INT8, "MNN's export format is not written"),
     _T.METAX_INT8_C: (_T.TRT_INT8, "MetaX's export format is not written"),

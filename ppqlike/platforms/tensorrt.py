@@ -9,7 +9,9 @@ Add fused into a conv's epilogue, everything else (and the outputs) float.  Tran
 runs LayerNorm, GELU (fused into the GEMM epilogue), Softmax and residual Adds
 in float where no Q/DQ pair asks otherwise, and runs the attention MatMuls
 (Q K^T, probabilities x V) in int8 when their inputs are quantized.  PPL CUDA differs only
-in quantizing the bias to int32 and aligning Add inputs to the output.
+in quantizing the bias to int32 and aligning Add inputs to the output.  PPL_CUDA_INT4 is PPL CUDA with
+symmetric int4 activations and weights; PPL_CUDA_MIX is int4 with int8 as its higher precision (PPQ's mixed
+platform: the layer protection and the accuracy target move layers to int8 before FP32).
 Recurrent ops (LSTM, GRU, RNN) stay float: onnx-tensorrt imports them as
 loops in FP32/FP16 only (its operator support matrix lists no INT8 for them),
 so Q/DQ sit only where their neighbours are quantized.
@@ -34,3 +36,13 @@ TRT_INT8_POLICY = PlatformPolicy(
 PPL_CUDA_INT8_POLICY = TRT_INT8_POLICY.with_changes(
     platform=TargetPlatform.PPL_CUDA_INT8, bias_int32=True, add_alignment="output", placement="every_output",
     description="PPL CUDA: as TensorRT, with int32 bias and Add inputs aligned to the output")
+
+PPL_CUDA_INT4_POLICY = PPL_CUDA_INT8_POLICY.with_changes(
+    platform=TargetPlatform.PPL_CUDA_INT4,
+    activation=TensorPolicy(num_of_bits=4, symmetric=True, signed=True, observer="mse"),
+    weight=TensorPolicy(num_of_bits=4, symmetric=True, per_channel=True, narrow_range=True),
+    description="PPL CUDA int4: symmetric int4 activations (MSE ranges), per-channel int4 weights, int32 bias")
+
+PPL_CUDA_MIX_POLICY = PPL_CUDA_INT4_POLICY.with_changes(
+    platform=TargetPlatform.PPL_CUDA_MIX, higher_precision_bits=8,
+    description="PPL CUDA mixed int4/int8: int4, the layers the protection or the accuracy target picks in int8")

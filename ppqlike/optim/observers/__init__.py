@@ -18,6 +18,7 @@ algorithm       range
 ``entropy``     alias of ``kl``
 ``mse``         smallest estimated squared quantization error, histogram
 ``search``      TPU-MLIR threshold tuning: KL, then candidates() / select() by the pass
+``unit``        scale 1 (FP16/BF16 grids used as plain casts)
 ``auto``        mean_minmax and mse both kept; the calibration pass keeps the one whose quantized graph is
                 closer to FP32 on held-aside calibration samples
 =============== ==================================================================
@@ -38,7 +39,7 @@ from .choice import ChoiceObserver
 from .histogram import HistogramObserver, PercentileObserver, histogram_quantile
 from .kl import KLObserver, SearchObserver, kl_best_bins, kl_divergences
 from .mean_minmax import MeanMinMaxObserver
-from .minmax import MinMaxObserver
+from .minmax import MinMaxObserver, UnitScaleObserver
 from .mse import MSEObserver
 
 __all__ = ["Observer", "HistogramObserver", "MinMaxObserver", "PercentileObserver", "KLObserver",
@@ -54,6 +55,7 @@ OBSERVER_TYPES: Mapping[str, type] = MappingProxyType({
     "mse": MSEObserver,
     "search": SearchObserver,
     "auto": ChoiceObserver,
+    "unit": UnitScaleObserver,
 })
 
 

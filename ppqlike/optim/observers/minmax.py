@@ -6,7 +6,7 @@ import numpy as np
 
 from .base import Observer
 
-__all__ = ["MinMaxObserver"]
+__all__ = ["MinMaxObserver", "UnitScaleObserver"]
 
 
 class MinMaxObserver(Observer):
@@ -20,3 +20,15 @@ class MinMaxObserver(Observer):
 
     def _thresholds(self) -> tuple[np.ndarray, np.ndarray]:
         return self._min.copy(), self._max.copy()
+
+
+class UnitScaleObserver(MinMaxObserver):
+    """Scale 1, offset 0: a float grid used unscaled (FP16/BF16 as a plain cast, the way those platforms and
+    TPU-MLIR's F16/BF16 modes run); it watches min/max only to report them."""
+
+    algorithm = "unit"
+
+    def render(self) -> None:
+        cfg = self.config
+        ones = np.ones(self._channels) if self.per_channel else 1.0
+        cfg.set_scale_offset(ones, 0)

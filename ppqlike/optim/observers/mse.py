@@ -6,6 +6,7 @@ import numpy as np
 
 from ppqlike.core import numerics
 from ppqlike.core.errors import QuantizationPolicyError
+from ppqlike.core.float_formats import float_fake_quantize
 
 from .histogram import HistogramObserver
 
@@ -57,8 +58,10 @@ class MSEObserver(HistogramObserver):
             power_of_2=policy.power_of_2, rounding=cfg.rounding)
         s = scale.astype(np.float64)[:, None]
         z = offset.astype(np.float64)[:, None]
-        grid_lo, grid_hi = s * (qmin - z), s * (qmax - z)
         hist = self._hist[channel]
+        if cfg.float_format is not None:   # a float grid: the error of the format's own rounding of each centre
+            return cand_lo, cand_hi, self._float_errors(scale, channel, lo_c, hi_c, hist)
+        grid_lo, grid_hi = s * (qmin - z), s * (qmax - z)
         nz = np.flatnonzero(hist)
         counts = hist[nz].astype(np.float64)
         centres = np.clip((nz - self.bins + 0.5) * float(self.bin_width[channel]), lo_c, hi_c)[None, :]
@@ -70,6 +73,16 @@ class MSEObserver(HistogramObserver):
         if policy.symmetric:
             cand_lo, cand_hi = np.maximum(lo_c, cand_lo), np.minimum(hi_c, cand_hi)
         return cand_lo, cand_hi, err
+
+    def _float_errors(self, scales: np.ndarray, channel: int, lo_c: float, hi_c: float, hist) -> np.ndarray:
+        """Per candidate scale, the squared error of a float grid (FP8: values past S * max saturate) over the
+        histogram's non-empty bins, each at its centre."""
+        nz = np.flatnonzero(hist)
+        counts = hist[nz].astype(np.float64)
+        centres = np.clip((nz - self.bins + 0.5) * float(self.bin_width[channel]), lo_c, hi_c).astype(np.float32)
+        values = np.broadcast_to(centres, (scales.size, centres.size))
+        rounded = float_fake_quantize(values, scales.astype(np.float32), self.config.float_format, channel_axis=0)
+        return ((rounded.astype(np.float64) - centres) ** 2) @ counts
 
     def _thresholds(self) -> tuple[np.ndarray, np.ndarray]:
         channels = self._channels

@@ -123,7 +123,8 @@ def choose_terminal_observers(graph: Graph, observer: str) -> int:
     for operation in configured_operations(graph):
         for index, variable in enumerate(operation.outputs):
             config = output_config(operation, index)
-            if config is not None and config.state is S.INITIAL and _terminal(variable, outputs):
+            if config is not None and config.state is S.INITIAL and config.observer_algorithm != "unit" \
+                    and _terminal(variable, outputs):
                 config.observer_algorithm = observer
                 changed += 1
     return changed

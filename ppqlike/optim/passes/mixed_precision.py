@@ -52,15 +52,21 @@ from ...core.ir import Graph
 from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
-from .precision_moves import can_widen, find_units, move_to_fp32, move_to_wider_grid, restore, snapshot
+from .precision_moves import (can_widen, find_units, move_to_float_format, move_to_fp32, move_to_wider_grid, restore,
+                              snapshot)
+from ...core.float_formats import float_format
 from .sensitivity import AloneRunner, cosine_lower_bound, output_cosine, sample_cosines
 
 __all__ = ["MixedPrecisionPass", "cosine_lower_bound", "output_cosine", "sample_cosines"]
 
 FP32 = "FP32"
+#: float formats as TPU-MLIR's quantize table names them
+_TPU_FORMAT_NAMES = {"BF16": "BF16", "FP16": "F16"}
 
 
-def _precision_name(bits: int | None) -> str:
+def _precision_name(bits: int | str | None) -> str:
+    if isinstance(bits, str):   # a float format (TPU-MLIR's F16 / BF16)
+        return bits
     return FP32 if bits is None else f"INT{bits}"
 
 
@@ -79,11 +85,16 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
                  verbose: bool = True, higher_precision_bits: int | None = None):
         if not -1.0 < float(target) <= 1.0:
             raise ValueError(f"mixed-precision target cosine must be in (-1, 1], got {target}")
-        if higher_precision_bits is not None and not 8 < int(higher_precision_bits) <= 16:
-            raise ValueError(f"higher_precision_bits must be None or in (8, 16], got {higher_precision_bits}")
+        if isinstance(higher_precision_bits, str):   # a float format: 'BF16' or 'F16' (TPU-MLIR's modes)
+            self.bits = _TPU_FORMAT_NAMES.get(float_format(higher_precision_bits).name)
+            if self.bits is None:
+                raise ValueError(f"a float higher precision must be BF16 or F16, got {higher_precision_bits!r}")
+        elif higher_precision_bits is not None and not 4 < int(higher_precision_bits) <= 16:
+            raise ValueError(f"higher_precision_bits must be None or in (4, 16], got {higher_precision_bits}")
+        else:
+            self.bits = None if higher_precision_bits is None else int(higher_precision_bits)
         self.target, self.batches, self.max_ops = float(target), int(batches), max_ops
         self.prune, self.verbose = prune, verbose
-        self.bits = None if higher_precision_bits is None else int(higher_precision_bits)
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None,
@@ -119,14 +130,20 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
             """From the original configs, move each unit to its precision (bits, or None for FP32)."""
             restore(graph, original)
             for i, bits in moves.items():
-                if bits is None:
-                    move_to_fp32(graph, units[i])
-                else:
-                    move_to_wider_grid(graph, units[i], bits, runner.observed)
+                move_up(units[i], bits)
+
+        def move_up(unit, bits) -> None:
+            if bits is None:
+                move_to_fp32(graph, unit)
+            elif isinstance(bits, str):
+                move_to_float_format(graph, unit, bits)
+            else:
+                move_to_wider_grid(graph, unit, bits, runner.observed)
 
         original = snapshot(graph)
         ranking = sorted(range(len(units)), key=lambda i: sensitivity[i])
-        steps_to_try = [(i, self.bits) for i in ranking if self.bits is not None and can_widen(units[i])]
+        steps_to_try = [(i, self.bits) for i in ranking if self.bits is not None
+                        and (isinstance(self.bits, str) or can_widen(units[i]))]
         steps_to_try += [(i, None) for i in ranking]
         moves: dict[int, int | None] = {}   # unit -> bits it moved to (None: FP32), in the order moved
         trace = []
@@ -140,10 +157,8 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
             moves[i] = bits
             if was_moved:       # INT16 -> FP32: redo from the original configs
                 apply(moves)
-            elif bits is None:
-                move_to_fp32(graph, units[i])
             else:
-                move_to_wider_grid(graph, units[i], bits, runner.observed)
+                move_up(units[i], bits)
             current = measure()
             trace.append({"unit": [op.name for op in units[i]], "precision": _precision_name(bits),
                           "cosine": current})

@@ -25,6 +25,10 @@ from ..base import QuantizationOptimizationPass
 def minmax_parameter(config: TensorQuantizationConfig, value: np.ndarray) -> None:
     """Set ``config``'s scale/offset from the min and max of ``value`` (per channel if configured)."""
     value = np.asarray(value, dtype=np.float64)
+    if config.observer_algorithm == "unit":   # an unscaled float grid (FP16/BF16 casts): scale 1
+        per_channel = config.policy.per_channel and config.channel_axis is not None and value.ndim
+        config.set_scale_offset(np.ones(value.shape[config.channel_axis]) if per_channel else 1.0, 0)
+        return
     if config.policy.per_channel and config.channel_axis is not None and value.ndim:
         axes = tuple(a for a in range(value.ndim) if a != config.channel_axis % value.ndim)
         low, high = value.min(axis=axes), value.max(axis=axes)

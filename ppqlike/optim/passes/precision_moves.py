@@ -51,6 +51,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.ir import Graph, Operation
+from ...core.rounding import RoundingPolicy
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.op_facts import VALUE_PRESERVING_TYPES
 from ...core.quant_graph import configured_operations, master_chain
@@ -160,6 +161,50 @@ def move_to_fp32(graph: Graph, unit: list[Operation], readers: str = "detach") -
             config.state = S.FP32
         operation.platform = TargetPlatform.FP32
     return {"detached": detached}
+
+
+def move_to_float_format(graph: Graph, unit: list[Operation], fmt: str) -> dict:
+    """Make ``unit`` run in the float format ``fmt`` (F16 or BF16, as TPU-MLIR's quantize table moves a layer):
+    its own activation and weight configs become ``fmt`` grids with scale 1 (a plain cast, rounding half to even,
+    no integer requantization), its bias, Clip bounds and Pad values FP32 (float in that mode); configs of other
+    ops that read their scale from the unit's keep its int8 grid as their own (detached: the cast back to int8
+    at the unit's boundary).  Configs the unit reads from outside it stay as they are."""
+    own = {id(c) for op in unit for c in _configs(op)}
+    detached = 0
+    for operation in configured_operations(graph):
+        if operation in unit:
+            continue
+        for config in _configs(operation):
+            if config.state in (S.OVERLAPPED, S.SLAVE) and any(id(m) in own for m in master_chain(config)):
+                config.detach(S.ACTIVATED)
+                detached += 1
+    moved = 0
+    for operation in unit:
+        for side, index, config in operation.config.iter_configs():
+            variable = (operation.inputs if side == "input" else operation.outputs)[index]
+            if variable is None or config.state in (S.FP32, S.SOI, S.DEACTIVATED):
+                continue
+            if config.is_governed and config.state is not S.PASSIVE_BAKED and config.observer_algorithm != "passive":
+                continue   # follows a master: inside the unit (then its new grid) or outside (its int8 grid)
+            if config.state in (S.BAKED, S.PASSIVE_BAKED, S.DEQUANTIZED) or config.is_governed:
+                config.reset()
+            config.baked_value = None
+            config.requantization = None
+            if config.observer_algorithm == "passive":   # bias, Clip bounds, Pad values: float
+                if config.state is not S.INITIAL:
+                    config.reset()
+                config.state = S.FP32
+                continue
+            config.reset()
+            config.float_format = fmt
+            config.rounding = RoundingPolicy.ROUND_HALF_EVEN
+            config.observer_algorithm = "unit"
+            per_channel = config.policy.per_channel and config.channel_axis is not None and variable.is_parameter
+            count = np.asarray(variable.value).shape[config.channel_axis] if per_channel else 1
+            config.set_scale_offset(np.ones(count) if per_channel else 1.0, 0)
+            config.state = S.ACTIVATED
+            moved += 1
+    return {"detached": detached, "configs": moved}
 
 
 def with_pass_through_readers(unit: list[Operation]) -> list[Operation]:

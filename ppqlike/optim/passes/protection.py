@@ -43,7 +43,7 @@ from ...core.ir import Graph
 from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
-from .precision_moves import (can_widen, find_units, move_to_fp32, move_to_wider_grid, reader_units, restore,
+from .precision_moves import (can_widen, find_units, move_to_float_format, move_to_fp32, move_to_wider_grid, reader_units, restore,
                               snapshot, with_pass_through_readers)
 from .sensitivity import AloneRunner, leading_samples, output_cosine, sample_cosines
 
@@ -137,6 +137,12 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         return None
 
     def _move(self, graph: Graph, unit, units, observed: dict) -> str:
+        if isinstance(self.bits, str):   # a float format (TPU-MLIR's BF16 / F16 modes): a cast, no range to fit;
+            unit = with_pass_through_readers(unit)   # the readers too, as for FP32 (the wrecked range is read there)
+            move_to_float_format(graph, unit, self.bits)
+            for reader in reader_units(graph, unit, units):
+                move_to_float_format(graph, reader, self.bits)
+            return self.bits
         if self.bits is not None and can_widen(unit):
             move_to_wider_grid(graph, unit, self.bits, observed)
             return f"INT{self.bits}"

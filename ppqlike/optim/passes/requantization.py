@@ -42,6 +42,8 @@ class IntegerRequantizationPass(QuantizationOptimizationPass):
                 continue
             if any(c.scale is None for c in (data, weight, output)) or np.ndim(output.scale) or np.ndim(data.scale):
                 continue
+            if any(c.float_format is not None for c in (data, weight, output)):
+                continue  # a layer moved to F16/BF16 computes in float
             if np.any(np.asarray(data.offset) != 0) or np.any(np.asarray(weight.offset) != 0):
                 continue  # the integer path here is for symmetric inputs and weights
             accumulator_scale = np.asarray(data.scale, np.float64) * np.asarray(weight.scale, np.float64)
