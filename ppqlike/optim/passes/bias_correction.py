@@ -123,6 +123,18 @@ def _gemm_error_mean(operation: Operation, x: np.ndarray, delta: np.ndarray) -> 
     return float(operation.attributes.get("alpha", 1.0)) * (x.mean(axis=0, dtype=np.float64) @ weight)
 
 
+def _channel_mean(executor: NumpyExecutor, operation: Operation, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """E over batch and output positions of the op (Conv, ConvTranspose or Gemm) on ``x`` with ``weight`` and
+    no bias, per output channel: from the batch-mean input where the layout allows, else by running it."""
+    mean = _conv_error_mean(operation, x, weight) if operation.type == "Conv" else \
+        _gemm_error_mean(operation, x, weight) if operation.type == "Gemm" else None
+    if mean is None:
+        arguments = [x, weight] + ([None] if operation.type == "Gemm" else [])
+        output = executor.run_operation(operation, arguments, quantized=False)[0].astype(np.float64)
+        mean = output.mean(axis=tuple(a for a in range(output.ndim) if a != 1))
+    return mean
+
+
 class _LayerErrorHook(OperationHook):
     """Before each watched op of an FP32 run: the channel means of op(Q(x), W_q) - op(x, W), no bias, where
     x is the op's FP32 input and Q its input quantization (``scope='layer'``: the op's own error, weights
@@ -133,22 +145,14 @@ class _LayerErrorHook(OperationHook):
         self.sums = {name: 0.0 for name in weights}
         self.counts = {name: 0 for name in weights}
 
-    def _mean(self, operation: Operation, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        mean = _conv_error_mean(operation, x, weight) if operation.type == "Conv" else \
-            _gemm_error_mean(operation, x, weight) if operation.type == "Gemm" else None
-        if mean is None:
-            arguments = [x, weight] + ([None] if operation.type == "Gemm" else [])
-            output = self.executor.run_operation(operation, arguments, quantized=False)[0].astype(np.float64)
-            mean = output.mean(axis=tuple(a for a in range(output.ndim) if a != 1))
-        return mean
-
     def before_operation(self, operation: Operation, inputs: list):
         if operation.name not in self.weights:
             return None
         x, (fp32, quantized) = np.asarray(inputs[0], np.float32), self.weights[operation.name]
         quantizer = self.quantizers.get(operation.name)
         seen = quantizer(x, np.empty_like(x)) if quantizer is not None else x
-        error = self._mean(operation, seen, quantized) - self._mean(operation, x, fp32)
+        error = _channel_mean(self.executor, operation, seen, quantized) - \
+            _channel_mean(self.executor, operation, x, fp32)
         self.sums[operation.name] = self.sums[operation.name] + error * x.shape[0]
         self.counts[operation.name] += x.shape[0]
         return None
@@ -167,18 +171,8 @@ class _ErrorHook(OperationHook):
         if delta is None:
             return None
         x = inputs[0]
-        mean = None
-        if operation.type == "Conv":
-            mean = _conv_error_mean(operation, x, delta)
-        elif operation.type == "Gemm":
-            mean = _gemm_error_mean(operation, x, delta)
-        if mean is not None:
-            weight = x.shape[0]  # batches of any size are weighted by their number of samples
-        else:
-            arguments = [x, delta] + ([None] if operation.type == "Gemm" else [])
-            error = self.executor.run_operation(operation, arguments, quantized=False)[0].astype(np.float64)
-            mean = error.mean(axis=tuple(a for a in range(error.ndim) if a != 1))
-            weight = x.shape[0]
+        weight = x.shape[0]  # batches of any size are weighted by their number of samples
+        mean = _channel_mean(self.executor, operation, x, delta)
         self.sums[operation.name] = self.sums[operation.name] + mean * weight
         self.counts[operation.name] += weight
         return None

@@ -132,25 +132,33 @@ def restore(graph: Graph, snapshot: dict) -> None:
             graph.operations[name].platform = platform
 
 
+def _release_readers(graph: Graph, unit: list[Operation], to_fp32: bool) -> int:
+    """The configs of ops outside ``unit`` that read their scale from the unit's (OVERLAPPED/SLAVE under one of
+    its configs) keep that int8 grid as their own (detached, ACTIVATED) or, ``to_fp32``, become FP32.
+    Returns how many."""
+    own = {id(c) for op in unit for c in _configs(op)}
+    released = 0
+    for operation in configured_operations(graph):
+        if operation in unit:
+            continue
+        for config in _configs(operation):
+            if config.state in (S.OVERLAPPED, S.SLAVE) and any(id(m) in own for m in master_chain(config)):
+                if to_fp32:
+                    config.reset()
+                    config.state = S.FP32
+                else:
+                    config.detach(S.ACTIVATED)
+                released += 1
+    return released
+
+
 def move_to_fp32(graph: Graph, unit: list[Operation], readers: str = "detach") -> dict:
     """Make ``unit`` run in FP32 and keep everything else quantized as before (see the module docstring).
 
     ``readers='float'``: the configs of other ops that read their scale from the unit's instead become FP32
     (the unit's tensors are read float everywhere: where float tensors between layers cost nothing, as in
     TensorRT's placement)."""
-    own = {id(c) for op in unit for c in _configs(op)}
-    detached = 0
-    for operation in configured_operations(graph):
-        if operation in unit:
-            continue
-        for config in _configs(operation):
-            if config.state in (S.OVERLAPPED, S.SLAVE) and any(id(m) in own for m in master_chain(config)):
-                if readers == "float":
-                    config.reset()
-                    config.state = S.FP32
-                else:
-                    config.detach(S.ACTIVATED)
-                detached += 1
+    detached = _release_readers(graph, unit, to_fp32=readers == "float")
     for operation in unit:
         for config in _configs(operation):
             if config.state in (S.FP32, S.SOI):
@@ -169,15 +177,7 @@ def move_to_float_format(graph: Graph, unit: list[Operation], fmt: str) -> dict:
     no integer requantization), its bias, Clip bounds and Pad values FP32 (float in that mode); configs of other
     ops that read their scale from the unit's keep its int8 grid as their own (detached: the cast back to int8
     at the unit's boundary).  Configs the unit reads from outside it stay as they are."""
-    own = {id(c) for op in unit for c in _configs(op)}
-    detached = 0
-    for operation in configured_operations(graph):
-        if operation in unit:
-            continue
-        for config in _configs(operation):
-            if config.state in (S.OVERLAPPED, S.SLAVE) and any(id(m) in own for m in master_chain(config)):
-                config.detach(S.ACTIVATED)
-                detached += 1
+    detached = _release_readers(graph, unit, to_fp32=False)
     moved = 0
     for operation in unit:
         for side, index, config in operation.config.iter_configs():
