@@ -14,18 +14,22 @@ from pathlib import Path
 import pytest
 
 
-def _load_presets():
-    name = "ppqlike_bench_presets"
+def bench_script(stem: str, sibling_imports: bool = False):
+    """``bench/<stem>.py`` loaded as the module ``ppqlike_bench_<stem>`` (once); ``sibling_imports``: the
+    script imports other bench/ scripts by name, so bench/ goes on ``sys.path`` first."""
+    name = f"ppqlike_bench_{stem}"
     if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "bench" / "presets.py"
-        spec = importlib.util.spec_from_file_location(name, path)
+        folder = Path(__file__).resolve().parent.parent / "bench"
+        if sibling_imports:
+            sys.path.insert(0, str(folder))
+        spec = importlib.util.spec_from_file_location(name, folder / f"{stem}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # before exec: dataclasses look their module up
         spec.loader.exec_module(module)
     return sys.modules[name]
 
 
-_presets = _load_presets()
+_presets = bench_script("presets")
 REPO_DIR = _presets.REPO_DIR
 BENCH_DIR = _presets.BENCH_DIR
 HAVE_BENCH = _presets.HAVE_BENCH

@@ -10,33 +10,19 @@ The files live outside the repository (``python bench/control_flow.py fetch`` pu
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
+from shared_bench import bench_script
 from onnx_helpers import assert_executor_matches_file, run_onnxruntime
 from ppqlike import api
 from ppqlike.core.subgraphs import walk
 
 
-def _load_bench():
-    name = "ppqlike_bench_control_flow"
-    if name not in sys.modules:
-        folder = Path(__file__).resolve().parent.parent / "bench"
-        sys.path.insert(0, str(folder))   # it imports bench/recurrent.py
-        spec = importlib.util.spec_from_file_location(name, folder / "control_flow.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-bench = _load_bench()
+bench = bench_script("control_flow", sibling_imports=True)   # it imports bench/recurrent.py
 pytestmark = pytest.mark.real_model
 CONTROL = {"silero_vad_if": "If", "slanet": "Loop"}
 #: model -> (calibration inputs, held-out inputs)

@@ -11,10 +11,7 @@ stays float), which costs about 0.01 of cosine on quiet inputs (docs/BENCHMARKS.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -23,21 +20,11 @@ import pytest
 from ppqlike import api
 from ppqlike.core.op_facts import RECURRENT_TYPES
 from ppqlike.platforms.target import TargetPlatform
+from shared_bench import bench_script
 from onnx_helpers import assert_executor_matches_file, run_onnxruntime
 
 
-def _load_bench():
-    name = "ppqlike_bench_recurrent"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "bench" / "recurrent.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-bench = _load_bench()
+bench = bench_script("recurrent")
 pytestmark = pytest.mark.real_model
 #: model -> platform -> least mean cosine against FP32 (measured: docs/BENCHMARKS.md)
 THRESHOLDS = {"ddddocr": {"ORT_INT8": 0.99, "TRT_INT8": 0.99, "TPU_INT8": 0.99},
