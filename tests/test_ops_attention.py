@@ -4,11 +4,13 @@ Two places where onnxruntime 1.32's Attention departs from the spec are compared
 ReferenceEvaluator instead: its qk_matmul_output in mode 2 shows masked positions as the lowest float
 (-3.4e38) where the spec adds -inf (the softmax after it is the same), and with a key/value cache a
 single query row (q_sequence_length 1) skips causal masking, where the spec lets query i see keys
-j <= i + past_sequence_length only.
+j <= i + past_sequence_length only.  The reference evaluator departs the other way in modes 0 and 1 with a
+softcap: its qk_matmul_output already holds the softcapped scores, where the spec (and onnxruntime) show the
+scores before the softcap; that output is left out where the reference is the judge and a softcap is set.
 """
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from onnx_helpers import assert_matches_onnxruntime
 
@@ -26,6 +28,8 @@ def _float(shape, seed, scale=1.0):
        three_d=st.booleans(), causal=st.booleans(), mask=st.sampled_from(["none", "bool", "float"]),
        mask_rank=st.integers(2, 4), scale=st.one_of(st.none(), st.sampled_from([0.1, 1.0])),
        softcap=st.sampled_from([0.0, 2.0]), mode=st.integers(0, 3), seed=st.integers(0, 2 ** 16))
+@example(batch=1, kv_heads=1, group=1, length=1, kv_length=2, past=1, head=2, v_head=2, three_d=False, causal=True,
+         mask="none", mask_rank=2, scale=None, softcap=2.0, mode=0, seed=0)     # the CI failure of stop 39
 def test_attention(batch, kv_heads, group, length, kv_length, past, head, v_head, three_d, causal, mask, mask_rank,
                    scale, softcap, mode, seed):
     heads = kv_heads * group
@@ -53,7 +57,10 @@ def test_attention(batch, kv_heads, group, length, kv_length, past, head, v_head
     if scale is not None:
         attributes["scale"] = scale
     reference = (mode == 2 and (causal or mask == "bool")) or (causal and length == 1 and past and kv_length > 1)
-    assert_matches_onnxruntime("Attention", inputs, attributes, opset=23, n_outputs=4 if past else 1,
+    n_outputs = 4 if past else 1
+    if reference and softcap and mode in (0, 1):
+        n_outputs = min(n_outputs, 3)
+    assert_matches_onnxruntime("Attention", inputs, attributes, opset=23, n_outputs=n_outputs,
                                rtol=RTOL, atol=ATOL, reference=reference)
 
 
