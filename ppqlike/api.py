@@ -216,7 +216,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     if weight_only:
         pipeline = build_weight_only_pipeline(setting, platform, verbose)
     else:
-        pipeline = build_pipeline(policy, setting, verbose,
+        pipeline = build_pipeline(policy, setting, verbose, clock_started=started,
                                   bodies=any(has_bodies(op) for op in graph.operations.values()))
     records = pipeline.optimize(graph, verbose=verbose, executor=executor, dataloader=batches,
                                 calib_steps=calib_steps, collate_fn=None, held_aside=held_aside)

@@ -311,6 +311,19 @@ def test_bias_correction_on_float_bias_platform_keeps_new_bias_float():
     assert graph.operations["conv1"].config.input_quantization_config[2] is None
 
 
+def test_bias_correction_draws_no_batch_past_its_deadline():
+    batches = data(3)
+    reports = {}
+    for budget in (None, 0.0):
+        graph, policy = prepared(no_bias_model(), "TRT_INT8")
+        correction = BiasCorrectionPass(new_bias=None, verbose=False, time_budget=budget)
+        _, passes = run_passes(graph, policy, batches, [correction], stop_before=None)
+        reports[budget] = passes["bias_correction"]
+    assert reports[None]["batches"] == 3 and not reports[None]["budget_spent"]
+    assert reports[0.0]["batches"] == 1 and reports[0.0]["budget_spent"]   # one measured, none after
+    assert reports[0.0]["corrected"] == reports[None]["corrected"] > 0
+
+
 def test_layer_scope_bias_correction_makes_each_layer_mean_exact_on_fp32_inputs():
     """scope='layer' (NNCF's fast bias correction): for each corrected op, on the calibration data, the mean
     output channel of op(Q(x), W_q) with the corrected bias equals that of op(x, W) with the FP32 bias, x

@@ -7,7 +7,8 @@ import pytest
 
 import ppqlike
 from ppqlike.core.errors import PlatformError
-from ppqlike.optim.recipe import RECIPES, apply_recipe
+from ppqlike.optim.recipe import (ADAROUND_SHARE, RANGE_SEARCH_SHARE, RECIPES, apply_recipe, build_pipeline,
+                                  resolve_policy)
 from shared_bench import PRESETS, load_images, requires_bench
 
 
@@ -80,3 +81,17 @@ def test_best_learns_the_rounding_of_8bit_weights_on_a_real_model():
     rounding = passes["adaround"]
     assert rounding["layers"] == 26 and rounding["improved"] > 13
     assert rounding["mean_relative_error_learned"] < rounding["mean_relative_error_nearest"]
+
+
+def test_the_time_budget_runs_from_the_call_and_each_pass_stops_at_its_share():
+    setting, _ = apply_recipe(ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best"), "ORT_INT8")
+    assert setting.time_budget_s == 240.0
+    started = 1000.0   # a perf_counter() value: the moment quantize_onnx_model was called
+    pipeline = build_pipeline(resolve_policy("ORT_INT8", setting), setting, clock_started=started)
+    passes = {p.name: p for p in pipeline.passes}
+    assert passes["adaround"].time_budget_s.deadline() == started + 240.0 * ADAROUND_SHARE
+    assert passes["range_search"].time_budget.deadline() == started + 240.0 * RANGE_SEARCH_SHARE
+    assert passes["bias_correction"].time_budget.deadline() == started + 240.0
+    unbounded = build_pipeline(resolve_policy("ORT_INT8", setting), ppqlike.QuantizationSetting(recipe="plain"))
+    assert all(getattr(p, "time_budget", None) is None or p.time_budget.deadline() == float("inf")
+               for p in unbounded.passes)

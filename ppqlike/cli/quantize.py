@@ -157,7 +157,8 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
                             "calibration) reaches COSINE; "
                             "the summary lists them")
     group.add_argument("--time-budget", type=float, metavar="SECONDS",
-                       help="seconds the best recipe's learned rounding may take (default: the recipe's own)")
+                       help="wall seconds of the whole quantization that the best recipe's optional work (learned "
+                            "rounding, range search, bias correction) may fill (default: the recipe's own, 240)")
     group.add_argument("--recalibrate", action="store_true",
                        help="for an already quantized model (QDQ/QOperator): drop its scales and calibrate its float "
                             "graph again for --platform (see `ppqlike inspect` for what it holds)")

@@ -51,17 +51,19 @@ class QuantizationOptimizationPass:
 
 
 class TimeBudget:
-    """Seconds shared by the passes of one pipeline run; the clock starts when the first pass asks.
+    """Seconds shared by the passes of one pipeline run; the clock starts at ``started`` (quantize_onnx_model
+    gives the time it was called, so the budget is the whole quantization's), else when the first pass asks.
 
     ``TimeBudget(None)`` never runs out.  Passes call :meth:`deadline` when they start and stop their
     optional work at that ``time.perf_counter()`` value, keeping what they have done.
     """
 
-    def __init__(self, seconds: float | None = None, parent: "TimeBudget | None" = None):
+    def __init__(self, seconds: float | None = None, parent: "TimeBudget | None" = None,
+                 started: float | None = None):
         if seconds is not None and seconds < 0:
             raise PlatformError(f"a time budget must be None or at least 0 seconds, got {seconds}")
         self.seconds = seconds
-        self.started: float | None = None
+        self.started: float | None = started   # a perf_counter() value: the clock started then (None: not yet)
         self.parent = parent
 
     def part(self, fraction: float) -> "TimeBudget":

@@ -78,8 +78,9 @@ class QuantizationSetting(PPQSettingViews):
     ``recipe``: 'balanced' (the default: activation ranges chosen by the quantization error they cause),
     'plain' (the platform's own calibration) or 'best' (balanced plus learned rounding of the weights and
     bias correction: minutes); see ppqlike.optim.recipe.RECIPES (a recipe fills what the other fields leave
-    to it).  ``time_budget_s``: seconds the learned rounding may take (None: the recipe's own; when it is
-    spent, the layers not yet done keep nearest rounding).
+    to it).  ``time_budget_s``: wall seconds of the whole quantize_onnx_model call that the optional work may
+    fill (None: the recipe's own): learned rounding stops at 60% of it (layers not yet done keep nearest
+    rounding), the range search at 85%, bias correction at 100%; see ppqlike.optim.recipe.build_pipeline.
     Formatting: ``fold_constants``, ``fold_batchnorm``, ``remove_identity``,
     ``fold_bias_add``, ``fold_pad`` (zero Pads into Conv pads).  Dispatch:
     ``dispatcher`` and ``dispatching_table`` (op name -> 'TARGET' | 'FP32').  Passes: ``fusion``, ``simplify``,

@@ -53,6 +53,7 @@ output channel are left alone (reported).  No other state changes.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterable
 
 import numpy as np
@@ -64,7 +65,7 @@ from ...core.quant import (QuantizationPolicy, QuantizationProperty, Quantizatio
 from ...core.quant_graph import configured_operations, input_config
 from ...executor import NumpyExecutor, OperationHook
 from ...executor.simulation import dequantized
-from ..base import QuantizationOptimizationPass, iterate_calibration
+from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
 
 S = QuantizationStates
 P = QuantizationProperty
@@ -206,18 +207,21 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
 
     ``steps``: calibration batches to measure on (None: the pipeline's
     ``calib_steps``).  ``new_bias``: 'int32', 'float' or None (decide from
-    the graph) for the config of a bias the pass has to create.
+    the graph) for the config of a bias the pass has to create.  ``time_budget``
+    (a TimeBudget, seconds or None): no batch is started past its deadline once
+    one has been measured (the mean error is then taken over fewer batches).
     """
 
     name = "bias_correction"
 
     def __init__(self, steps: int | None = None, new_bias: str | None = None, verbose: bool = True,
-                 scope: str = "weights"):
+                 scope: str = "weights", time_budget: TimeBudget | float | None = None):
         if new_bias not in (None, "int32", "float"):
             raise ValueError(f"new_bias must be 'int32', 'float' or None, not {new_bias!r}")
         if scope not in ("weights", "layer"):
             raise ValueError(f"scope must be 'weights' or 'layer', not {scope!r}")
         self.steps, self.new_bias, self.verbose, self.scope = steps, new_bias, verbose, scope
+        self.time_budget = TimeBudget.of(time_budget)
 
     def _layer_hook(self, graph: Graph, executor: NumpyExecutor, deltas: dict) -> _LayerErrorHook:
         weights, quantizers = {}, {}
@@ -272,7 +276,7 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
             return {"corrected": 0, "skipped": len(skipped), "skipped_ops": skipped}
         hook = _ErrorHook(executor, deltas) if self.scope == "weights" else self._layer_hook(graph, executor, deltas)
         steps = self.steps if self.steps is not None else calib_steps
-        batches = 0
+        batches, budget_spent, deadline = 0, False, self.time_budget.deadline()
         for batch in iterate_calibration(dataloader, steps, collate_fn, "bias correction", self.verbose):
             if self.scope == "weights":
                 executor.forward(batch, hooks=[hook])
@@ -280,6 +284,9 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                 with dequantized(graph):
                     executor.forward(batch, hooks=[hook])
             batches += 1
+            if time.perf_counter() >= deadline:   # no further batch is drawn
+                budget_spent = True
+                break
         new_bias = self.new_bias or ("int32" if _graph_quantizes_bias(graph) else "float")
         details, created, float_biases = [], 0, []
         for name in deltas:
@@ -317,6 +324,7 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                             "max_abs_correction": float(np.abs(error).max()),
                             "mean_abs_bias": float(np.abs(bias.value).mean()), "stored": where})
         return {"corrected": len(details), "scope": self.scope, "biases_created": created, "new_bias": new_bias, "batches": batches,
+                "budget_spent": budget_spent,
                 "float_biases_changed": float_biases,
                 "mean_abs_correction": float(np.mean([d["mean_abs_correction"] for d in details])) if details else 0.0,
                 "skipped": len(skipped), "ops": details, "skipped_ops": skipped}
