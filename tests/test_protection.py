@@ -113,3 +113,50 @@ def test_the_protected_model_is_simulated_as_deployed(tmp_path):
     exported = onnx.load(api.export_ppq_graph(graph, "TRT_INT8", tmp_path / "m.onnx")[0])
     simulated, deployed = NumpyExecutor(graph).forward(x)[0], run_onnxruntime(exported, {"x": x})[0]
     np.testing.assert_allclose(deployed, simulated, rtol=1e-3, atol=1e-3 * np.abs(simulated).max())
+
+
+def _log_power_model():
+    """A log-power front end as audio models write it: x -> conv (filters) -> square -> mel-like MatMul
+    (non-negative weights) -> Clip(min=1e-10) -> Log -> conv whose weights sum to zero over the bands (it
+    reads the spectral shape, not the level) -> y."""
+    rng = np.random.default_rng(5)
+    shape_weights = rng.standard_normal((6, 8, 1))
+    tensors = {"filters": rng.standard_normal((16, 1, 32)) * 0.2, "mel": np.abs(rng.standard_normal((8, 16))),
+               "floor": np.array(1e-10), "w2": shape_weights - shape_weights.mean(axis=1, keepdims=True),
+               "b2": np.zeros(6)}
+    nodes = [helper.make_node("Conv", ["x", "filters"], ["spectrum"], name="filters", strides=[16]),
+             helper.make_node("Mul", ["spectrum", "spectrum"], ["power"], name="square"),
+             helper.make_node("MatMul", ["mel", "power"], ["mel_power"], name="mel"),
+             helper.make_node("Clip", ["mel_power", "floor"], ["guarded"], name="guard"),
+             helper.make_node("Log", ["guarded"], ["log_mel"], name="log"),
+             helper.make_node("Conv", ["log_mel", "w2", "b2"], ["y"], name="conv")]
+    return make_model(nodes, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 1, 512])],
+                      [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 6, 31])],
+                      [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in tensors.items()])
+
+
+def _audio(count: int, rng) -> np.ndarray:
+    """Noise clips at levels spread over 80 dB (what a log-mel front end is for)."""
+    gains = 10.0 ** (-4.0 * rng.random((count, 1, 1)))
+    return (rng.standard_normal((count, 1, 512)) * gains).astype(np.float32)
+
+
+def test_a_log_power_front_end_moves_to_fp32_where_16_bits_do_not_hold_it(tmp_path):
+    model, rng = _log_power_model(), np.random.default_rng(6)
+    setting = QuantizationSettingFactory.for_platform("ORT_INT8")
+    setting.recipe, setting.protection = "plain", True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = api.quantize_onnx_model(model, [_audio(16, rng) for _ in range(5)], platform="ORT_INT8",
+                                        setting=setting)
+    report = next(p["report"] for p in graph.metadata["quantization"]["passes"] if p["name"] == "protection")
+    assert report["initial_error"] > 0.02, report       # the 8-bit front end is wrecked
+    *single, front = report["protected"]
+    assert single and all(entry["precision"] == "INT16" for entry in single), report
+    assert single[-1]["error_after"] > 0.1, report      # 16 bits do not hold 80 dB of level squared
+    assert front["precision"] == "FP32" and "front_units" in front and "filters" in front["ops"], report
+    assert report["final_error"] < 0.01, report
+    x = _audio(32, rng)
+    exported = onnx.load(api.export_ppq_graph(graph, "ORT_INT8", tmp_path / "m.onnx")[0])
+    cosine = float(np.mean(sample_cosines(run_onnxruntime(exported, {"x": x}), run_onnxruntime(model, {"x": x}))))
+    assert cosine > 0.99 and graph.metadata["quantization"]["verdict"]["ok"], (cosine, report)
