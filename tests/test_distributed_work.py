@@ -161,3 +161,75 @@ def test_workers_read_their_own_calibration_files(ray_cluster, tmp_path, monkeyp
     assert reads["local"] - reads["ray"] == 4
     for key in ("configs", "parameters"):
         assert (written["ray"][key] == written["local"][key]) is True, key
+
+
+def _quantized_twice(model, batches, platform: str, recipe: str = "balanced", **changes) -> dict:
+    """backend -> (graph, its configs JSON, its outputs on the first batch) for 'local' and 'ray'."""
+    results = {}
+    for backend in ("local", "ray"):
+        setting = ppqlike.QuantizationSettingFactory.for_platform(platform, recipe=recipe)
+        for name, value in changes.items():
+            setattr(setting, name, value)
+        setting.calibration_backend, setting.calibration_workers = backend, 2
+        graph = ppqlike.quantize_onnx_model(model, batches, platform=platform, setting=setting)
+        results[backend] = (graph, _configs(graph), ppqlike.NumpyExecutor(graph).forward(batches[0]))
+    return results
+
+
+def _assert_same_results(results: dict, *passes: str):
+    (local, local_configs, local_outputs), (ray, ray_configs, ray_outputs) = results["local"], results["ray"]
+    for key in ("configs", "parameters"):   # (compared whole: a failure does not print megabytes of diff)
+        assert (ray_configs[key] == local_configs[key]) is True, key
+    for got, want in zip(ray_outputs, local_outputs):
+        np.testing.assert_array_equal(got, want)
+    for name in passes:
+        mine, theirs = dict(_report(ray, name)), dict(_report(local, name))
+        for key in ("seconds", "backend", "workers", "worker_seconds", "worker_peak_mib", "worker_tasks",
+                    "shards_read_by_workers"):
+            mine.pop(key, None), theirs.pop(key, None)
+        assert mine == theirs, name
+
+
+def test_accuracy_target_trials_on_workers_give_the_local_moves(ray_cluster):
+    """The chain model on DSP_INT8 with an unreachable target: the sensitivity of every unit, the greedy's
+    INT16 then FP32 trial moves (measured two at a time, the second speculatively) as on the local run."""
+    from test_accuracy_passes import chain_model, data
+    results = _quantized_twice(chain_model(), data(2), "DSP_INT8", recipe="plain", accuracy_target=1.0,
+                               mixed_precision_batches=1)
+    _assert_same_results(results, "mixed_precision")
+    report = _report(results["ray"][0], "mixed_precision")
+    assert report["backend"] == "ray" and report["worker_tasks"] >= 2
+    assert {step.get("precision") for step in report["trace"]} >= {"INT16", "FP32"}
+
+
+@requires_bench
+@pytest.mark.real_model
+def test_accuracy_target_with_pruning_on_workers_gives_the_local_graph(ray_cluster):
+    """SqueezeNet, ORT_INT8 plain, target 0.999 on 2 held-aside images: units moved to INT16, then moves
+    undone where the target holds without them (measured two at a time): the local run's configs, trace and
+    outputs."""
+    from shared_bench import load_images
+    images, _, _ = load_images("squeezenet1.1", "calib", 8)
+    batches = [images[i:i + 2] for i in range(0, 8, 2)]
+    results = _quantized_twice(str(PRESETS["squeezenet1.1"].path), batches, "ORT_INT8", recipe="plain",
+                               accuracy_target=0.999, mixed_precision_batches=1)
+    _assert_same_results(results, "mixed_precision")
+    report = _report(results["ray"][0], "mixed_precision")
+    assert report["reached"] and any("restored" in step for step in report["trace"]), report["trace"]
+
+
+@requires_bench
+@pytest.mark.real_model
+def test_threshold_search_on_workers_selects_the_local_thresholds(ray_cluster):
+    """SqueezeNet on TPU_INT8 with the search observer: the tensors' candidates tried on two workers give the
+    thresholds (and errors) of the local run."""
+    from shared_bench import load_images
+    images, _, _ = load_images("squeezenet1.1", "calib", 8)
+    batches = [images[i:i + 2] for i in range(0, 8, 2)]
+    results = _quantized_twice(str(PRESETS["squeezenet1.1"].path), batches, "TPU_INT8",
+                               activation_observer="search")
+    _assert_same_results(results, "calibration")
+    assert _report(results["ray"][0], "calibration")["searched"] > 20
+    details = [c.detail["search"] for op in results["ray"][0].operations.values() if op.config is not None
+               for c in op.config.all_configs() if "search" in c.detail]
+    assert len(details) > 20 and any(d["selected"] < len(d["candidates"]) - 1 for d in details)

@@ -280,8 +280,8 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
                     kept += sample_count(batch)
         searching = [entry for entry in observers if hasattr(entry[1], "candidates") and hasattr(entry[1], "select")]
         # all searched tensors in one float forward pass per search batch (a tensor no op reads keeps KL)
-        searched = search_thresholds(graph, executor, first_batches[:self.search_batches], searching) \
-            if searching else 0
+        searched = search_thresholds(graph, executor, first_batches[:self.search_batches], searching,
+                                     self.backend, self.workers) if searching else 0
         for config, observer, operation, side, index in observers:
             render(observer, self.unsigned_non_negative)
             config.state = S.ACTIVATED
