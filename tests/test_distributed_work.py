@@ -100,15 +100,20 @@ def test_map_items_locally_is_one_call_in_order():
 
 
 # ------------------------------------------------------------------ on a local 2-worker Ray cluster
+#: the file whose absence makes a worker's task kill its process (see _dies_once_observing)
+DIE_MARKER = "PPQLIKE_TEST_DIE_MARKER"
+
+
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(tmp_path_factory):
     ray = pytest.importorskip("ray", reason=RAY_ABSENT)
     from ppqlike.optim.distributed import _ppqlike_path
     path = os.pathsep.join(p for p in (_ppqlike_path(), os.path.dirname(__file__), os.environ.get("PYTHONPATH"))
                            if p)
+    marker = str(tmp_path_factory.mktemp("ray") / "died")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield ray
+             runtime_env={"env_vars": {"PYTHONPATH": path, DIE_MARKER: marker}})
+    yield SimpleNamespace(ray=ray, marker=marker)
     ray.shutdown()
 
 
@@ -233,3 +238,28 @@ def test_threshold_search_on_workers_selects_the_local_thresholds(ray_cluster):
     details = [c.detail["search"] for op in results["ray"][0].operations.values() if op.config is not None
                for c in op.config.all_configs() if "search" in c.detail]
     assert len(details) > 20 and any(d["selected"] < len(d["candidates"]) - 1 for d in details)
+
+
+def _dies_once_observing(graph, shards):
+    """calibration.observe_shards, but the first task to run (on a worker) observes one batch and then kills
+    its worker process, leaving the marker file behind so that Ray's retry runs through."""
+    from ppqlike.optim.passes.calibration import observe_shard, observe_shards
+    marker = os.environ.get(DIE_MARKER)
+    if marker and not os.path.exists(marker):
+        open(marker, "w").close()
+        observe_shard(graph, list(shards[0])[:1])   # in the middle of the work
+        os._exit(1)
+    return observe_shards(graph, shards)
+
+
+def test_a_worker_killed_mid_task_is_retried_and_gives_the_local_scales(ray_cluster, monkeypatch):
+    """A Ray worker process that dies in the middle of its calibration shard is replaced and the task run
+    again (max_retries): the scales are the local run's bit for bit."""
+    from ppqlike.optim.passes import calibration
+    from test_accuracy_passes import chain_model, data
+    monkeypatch.setattr(calibration, "observe_shards", _dies_once_observing)
+    assert not os.path.exists(ray_cluster.marker)
+    results = _quantized_twice(chain_model(), data(4), "TPU_INT8", activation_observer="kl")
+    assert os.path.exists(ray_cluster.marker)   # a worker died
+    _assert_same_results(results, "calibration")
+    assert _report(results["ray"][0], "calibration")["workers"] == 2
