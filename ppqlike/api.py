@@ -73,7 +73,8 @@ class _CheckedBatches:
         if inner is None:
             return None
         copy = object.__new__(_CheckedBatches)
-        copy.__dict__.update(self.__dict__, dataloader=inner, first_index=self.first_index + start, first=None)
+        copy.__dict__.update(self.__dict__, dataloader=inner, first_index=self.first_index + start, first=None,
+                             inputs=None)   # (PPQ's tracing sample: unused by the checks, not sent)
         return copy
 
     def _check(self, batch):
