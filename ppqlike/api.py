@@ -38,13 +38,17 @@ from .ppq_names import (BaseGraph, ENABLE_CUDA_KERNEL, PPQ_CONFIG, TorchExecutor
 
 
 class _CheckedBatches:
-    """Wraps the dataloader: checks every batch's names, ranks and shapes against the graph's inputs."""
+    """Wraps the dataloader: checks every batch's names, ranks and shapes against the graph's inputs (noted
+    once: the wrapper holds no graph, so a shard of it can be sent to a worker)."""
 
     def __init__(self, graph: Graph, dataloader: Iterable, collate_fn: Callable | None,
-                 input_shape: Sequence[int] | None, inputs: Any):
-        self.graph, self.dataloader, self.collate_fn = graph, dataloader, tolerant_collate(collate_fn)
+                 input_shape: Sequence[int] | None, inputs: Any, first_index: int = 0):
+        self.graph_name = graph.name
+        self.declared = [(v.name, None if v.shape is None else list(v.shape)) for v in graph.inputs]
+        self.dataloader, self.collate_fn = dataloader, tolerant_collate(collate_fn)
         self.input_shape = None if input_shape is None else list(input_shape)
         self.inputs = inputs
+        self.first_index = first_index   # the index of this wrapper's first batch in the user's data
         self.first = None
 
     def __len__(self):
@@ -56,46 +60,58 @@ class _CheckedBatches:
             try:
                 checked = self._check(batch)
             except CalibrationDataError as error:
-                raise CalibrationDataError(f"calibration batch {index}: {error}") from None
+                raise CalibrationDataError(f"calibration batch {self.first_index + index}: {error}") from None
             if index == 0:
                 self.first = checked   # for the verdict, when no batch can be held aside
             yield checked
 
+    def calibration_shard(self, start: int, stop: int):
+        """Batches ``start`` to ``stop`` checked as here, read by the user's data's own shard reader (a
+        CalibrationFolder's files; see ``ppqlike.optim.distributed.file_shards``); None when it has none."""
+        shard = getattr(self.dataloader, "calibration_shard", None)
+        inner = None if shard is None else shard(start, stop)
+        if inner is None:
+            return None
+        copy = object.__new__(_CheckedBatches)
+        copy.__dict__.update(self.__dict__, dataloader=inner, first_index=self.first_index + start, first=None,
+                             inputs=None)   # (PPQ's tracing sample: unused by the checks, not sent)
+        return copy
+
     def _check(self, batch):
-        graph = self.graph
+        name, declared_inputs = self.graph_name, self.declared
+        names = [n for n, _ in declared_inputs]
         if isinstance(batch, dict):
-            names = {v.name for v in graph.inputs}
-            unknown = sorted(set(batch) - names)
+            unknown = sorted(set(batch) - set(names))
             if unknown:
                 raise CalibrationDataError(
-                    f"a calibration batch names {unknown}, but the inputs of {graph.name!r} are {sorted(names)}")
-            missing = sorted(names - set(batch))
+                    f"a calibration batch names {unknown}, but the inputs of {name!r} are {sorted(names)}")
+            missing = sorted(set(names) - set(batch))
             if missing:
-                raise CalibrationDataError(f"a calibration batch lacks inputs {missing} of {graph.name!r}")
+                raise CalibrationDataError(f"a calibration batch lacks inputs {missing} of {name!r}")
             arrays = {k: np.asarray(v) for k, v in batch.items()}
-        elif isinstance(batch, (list, tuple)) and len(graph.inputs) > 1:
-            if len(batch) != len(graph.inputs):
-                raise CalibrationDataError(f"a calibration batch has {len(batch)} arrays; {graph.name!r} "
-                                           f"has {len(graph.inputs)} inputs")
-            arrays = {v.name: np.asarray(a) for v, a in zip(graph.inputs, batch)}
+        elif isinstance(batch, (list, tuple)) and len(names) > 1:
+            if len(batch) != len(names):
+                raise CalibrationDataError(f"a calibration batch has {len(batch)} arrays; {name!r} "
+                                           f"has {len(names)} inputs")
+            arrays = {n: np.asarray(a) for n, a in zip(names, batch)}
         else:
-            if len(graph.inputs) != 1:
-                raise CalibrationDataError(f"{graph.name!r} has {len(graph.inputs)} inputs: give each calibration "
+            if len(names) != 1:
+                raise CalibrationDataError(f"{name!r} has {len(names)} inputs: give each calibration "
                                            "batch as a dict of input name -> array")
-            arrays = {graph.inputs[0].name: np.asarray(batch)}
-        for variable in graph.inputs:
-            array = arrays[variable.name]
-            declared = variable.shape if self.input_shape is None or len(graph.inputs) > 1 else self.input_shape
+            arrays = {names[0]: np.asarray(batch)}
+        for input_name, shape in declared_inputs:
+            array = arrays[input_name]
+            declared = shape if self.input_shape is None or len(names) > 1 else self.input_shape
             if declared is not None and array.ndim != len(declared):
                 raise CalibrationDataError(
-                    f"calibration input {variable.name!r} must have rank {len(declared)} (shape {declared}); "
+                    f"calibration input {input_name!r} must have rank {len(declared)} (shape {declared}); "
                     f"got shape {list(array.shape)}")
             for axis, (want, got) in enumerate(zip(declared or (), array.shape)):
                 if axis > 0 and isinstance(want, int) and want > 0 and want != got:  # any batch size
                     raise CalibrationDataError(
-                        f"calibration input {variable.name!r} must have shape {declared}; got {list(array.shape)}")
+                        f"calibration input {input_name!r} must have shape {declared}; got {list(array.shape)}")
             if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-                raise CalibrationDataError(f"calibration input {variable.name!r} holds NaN or Inf values")
+                raise CalibrationDataError(f"calibration input {input_name!r} holds NaN or Inf values")
         return arrays
 
 
@@ -117,6 +133,11 @@ class _BatchRange:
 
     def __iter__(self):
         return itertools.islice(self.dataloader, self.start, self.stop)
+
+    def calibration_shard(self, start: int, stop: int):
+        """Batches ``start`` to ``stop`` of this range, read by the dataloader's shard reader (None: none)."""
+        shard = getattr(self.dataloader, "calibration_shard", None)
+        return None if shard is None else shard(self.start + start, min(self.start + stop, self.stop))
 
 
 #: with at least this many calibration batches (and no accuracy target), the last one is held aside for the

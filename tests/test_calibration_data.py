@@ -8,6 +8,7 @@ import pytest
 from ppqlike.core.errors import CalibrationDataError, PPQLikeError
 from ppqlike.io import calibration_data
 from ppqlike.io.calibration_data import CalibrationDataWarning, CalibrationFolder, InputSpec
+from ppqlike.io.calibration_files import CalibrationFileLoader
 
 SPEC = {"x": ["N", 2, 3]}  # one input, rank 3, batch dimension dynamic
 
@@ -44,8 +45,8 @@ def test_streaming_reads_only_what_a_batch_needs(tmp_path, monkeypatch):
         np.save(folder / f"s{index}.npy", np.full((2, 3), index, np.float32))
     data = CalibrationFolder(folder, SPEC, batch_size=2)  # listing reads headers only
     loaded = []
-    original = data._load_arrays
-    monkeypatch.setattr(data, "_load_arrays", lambda name: (loaded.append(name), original(name))[1])
+    original = CalibrationFileLoader.arrays
+    monkeypatch.setattr(CalibrationFileLoader, "arrays", lambda self, name: (loaded.append(name), original(self, name))[1])
     iterator = iter(data)
     first = next(iterator)
     assert first.shape == (2, 2, 3) and loaded == ["s0.npy", "s1.npy"]

@@ -62,7 +62,7 @@ def no_pixels_read(monkeypatch):
     """Fails the test if any calibration image is decoded (headers may be read)."""
     def refuse(*args, **kwargs):
         raise AssertionError("a calibration image was read")
-    monkeypatch.setattr("ppqlike.io.calibration_data.load_image", refuse)
+    monkeypatch.setattr("ppqlike.io.calibration_files.load_image", refuse)
 
 
 # ------------------------------------------------------------------------------------- dynamic sizes

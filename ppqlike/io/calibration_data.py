@@ -34,15 +34,17 @@ import math
 import os
 import warnings
 import zipfile
-from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from ..core.errors import CalibrationDataError
+from .calibration_files import CalibrationFileLoader, FileShard, InputSpec, batch_pieces, input_specs
 from .files import check_allocation
 from .image_options import resolve_image_options
-from .images import IMAGE_SUFFIXES, load_image, require_pillow
+from .images import IMAGE_SUFFIXES, require_pillow
+
+__all__ = ["ARRAY_SUFFIXES", "CalibrationDataWarning", "CalibrationFolder", "InputSpec", "input_specs"]
 
 #: Suffixes of array files (compared case-insensitively).
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -50,32 +52,6 @@ ARRAY_SUFFIXES = (".npy", ".npz")
 
 class CalibrationDataWarning(UserWarning):
     """Something in the calibration folder was skipped (a file that is neither an image nor an array)."""
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """What the model expects at one input: name, shape (None or str for a dynamic dim) and dtype."""
-
-    name: str
-    shape: tuple | None = None
-    dtype: Any = np.float32
-
-    @property
-    def rank(self) -> int | None:
-        return None if self.shape is None else len(self.shape)
-
-
-def input_specs(graph_or_specs: Any) -> list[InputSpec]:
-    """InputSpecs from a Graph (its ``inputs``), a mapping name -> shape, or a sequence of InputSpec."""
-    if hasattr(graph_or_specs, "inputs") and hasattr(graph_or_specs, "operations"):
-        return [InputSpec(v.name, None if v.shape is None else tuple(v.shape),
-                          np.float32 if v.dtype is None else np.dtype(v.dtype)) for v in graph_or_specs.inputs]
-    if isinstance(graph_or_specs, Mapping):
-        return [InputSpec(str(k), None if s is None else tuple(s)) for k, s in graph_or_specs.items()]
-    specs = list(graph_or_specs)
-    if not all(isinstance(s, InputSpec) for s in specs):
-        raise CalibrationDataError("inputs must be a Graph, a mapping input name -> shape, or InputSpecs")
-    return specs
 
 
 def _static(dim) -> int | None:
@@ -192,10 +168,12 @@ class CalibrationFolder:
             self.image_options = resolve_image_options(self.specs[0].name, self.specs[0].shape,
                                                        dict(image_options or {}), self.folder, images)
             self.counts = [1] * len(images)
+            self.loader = CalibrationFileLoader(self.folder, tuple(self.specs), "images", self.image_options)
         else:
             self.files = arrays
             self.image_options = {}
             self.sample_shapes: dict[str, dict[str, tuple]] = {}
+            self.loader = CalibrationFileLoader(self.folder, tuple(self.specs), "arrays", {})
             self.counts = [self._count(name) for name in arrays]
         self.samples = sum(self.counts)
         if self.samples == 0:
@@ -205,26 +183,6 @@ class CalibrationFolder:
 
     # ------------------------------------------------------------------ images
     # ------------------------------------------------------------------ arrays
-    def _assign(self, name: str, keys: Sequence[str | None]) -> dict[str, str | None]:
-        """Input name -> key in the file (None: the .npy array)."""
-        path = os.path.join(self.folder, name)
-        names = [s.name for s in self.specs]
-        if None in keys:  # .npy
-            if len(self.specs) != 1:
-                raise CalibrationDataError(f"calibration file {path!r} is an .npy file, but the model has "
-                                           f"{len(names)} inputs {names}; give .npz files keyed by input name")
-            return {names[0]: None}
-        if not keys:
-            raise CalibrationDataError(f"calibration file {path!r} holds no arrays")
-        if len(self.specs) == 1 and len(keys) == 1:
-            return {names[0]: keys[0]}
-        unknown = sorted(set(keys) - set(names))
-        missing = [n for n in names if n not in keys]
-        if unknown or missing:
-            raise CalibrationDataError(f"calibration file {path!r} holds arrays {sorted(keys)}; they must be "
-                                       f"keyed by the model's input names {names}")
-        return {n: n for n in names}
-
     def _samples_in(self, name: str, spec: InputSpec, shape: tuple) -> int:
         """Samples in an array of ``shape`` for ``spec``; checks rank and the static non-batch dims."""
         path = os.path.join(self.folder, name)
@@ -248,7 +206,7 @@ class CalibrationFolder:
 
     def _count(self, name: str) -> int:
         shapes = _array_shapes(os.path.join(self.folder, name))
-        assignment = self._assign(name, list(shapes))
+        assignment = self.loader.assign(name, list(shapes))
         self.sample_shapes[name] = {
             spec.name: tuple(shapes[assignment[spec.name]])[
                 0 if spec.rank is not None and len(shapes[assignment[spec.name]]) == spec.rank - 1 else 1:]
@@ -284,81 +242,18 @@ class CalibrationFolder:
                     batch_files = [name]
             start += count
 
-    def _load_arrays(self, name: str) -> dict[str, np.ndarray]:
-        path = os.path.join(self.folder, name)
-        try:
-            if name.lower().endswith(".npy"):
-                raw = {None: np.load(path, allow_pickle=False)}
-            else:
-                with np.load(path, allow_pickle=False) as data:
-                    raw = {key: data[key] for key in data.files}
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
-            raise CalibrationDataError(f"cannot read calibration file {path!r}: {error}") from None
-        assignment = self._assign(name, list(raw))
-        arrays = {}
-        for spec in self.specs:
-            array = raw[assignment[spec.name]]
-            if spec.rank is not None and array.ndim == spec.rank - 1:
-                array = array[None]
-            if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
-                raise CalibrationDataError(f"calibration file {path!r}: array for input {spec.name!r} has dtype "
-                                           f"{array.dtype}, not a numeric type")
-            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-                raise CalibrationDataError(f"calibration file {path!r}: input {spec.name!r} holds NaN or Inf "
-                                           "values; clean the data before calibrating")
-            arrays[spec.name] = array.astype(spec.dtype, copy=False) if spec.dtype is not None else array
-        return arrays
-
     # --------------------------------------------------------------- iterating
     def __len__(self) -> int:
         return math.ceil(self.samples / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.kind == "images":
-            for start in range(0, len(self.files), self.batch_size):
-                names = self.files[start:start + self.batch_size]
-                batch = np.concatenate([self._image(n) for n in names], axis=0)
-                yield self._finish({self.specs[0].name: batch})
-            return
-        pending: dict[str, list[np.ndarray]] = {s.name: [] for s in self.specs}
-        pending_files: list[str] = []
-        held = 0
-        for name in self.files:
-            arrays = self._load_arrays(name)
-            count = next(iter(arrays.values())).shape[0]
-            start = 0
-            while start < count:
-                take = min(self.batch_size - held, count - start)
-                for key, array in arrays.items():
-                    pending[key].append(array[start:start + take])
-                pending_files.append(name)
-                held += take
-                start += take
-                if held == self.batch_size:
-                    yield self._finish(self._concatenate(pending, pending_files))
-                    pending = {s.name: [] for s in self.specs}
-                    pending_files, held = [], 0
-        if held:
-            yield self._finish(self._concatenate(pending, pending_files))
+        return iter(self.calibration_shard(0, len(self)))
 
-    def _image(self, name: str) -> np.ndarray:
-        path = os.path.join(self.folder, name)
-        array = load_image(path, **self.image_options)
-        if not np.isfinite(array).all():
-            raise CalibrationDataError(f"calibration image {path!r} gives NaN or Inf after preprocessing; "
-                                       "check --mean/--std/--scale")
-        return array
-
-    def _concatenate(self, pending: dict, files: list[str]) -> dict[str, np.ndarray]:
-        try:
-            return {k: np.concatenate(v, axis=0) for k, v in pending.items()}
-        except ValueError:
-            shapes = {k: sorted({str(list(a.shape[1:])) for a in v}) for k, v in pending.items()}
-            raise CalibrationDataError(f"calibration files {sorted(set(files))} in {self.folder!r} hold samples "
-                                       f"of different shapes {shapes}; they cannot form one batch") from None
-
-    def _finish(self, arrays: dict[str, np.ndarray]):
-        return arrays[self.specs[0].name] if len(self.specs) == 1 else arrays
+    def calibration_shard(self, start: int, stop: int) -> FileShard:
+        """Batches ``start`` to ``stop`` (exclusive) as a :class:`FileShard`: the files they are read from
+        and the loader, picklable, for a worker to read them itself (``ppqlike.optim.distributed``)."""
+        return FileShard(self.loader, tuple(tuple(p) for p in
+                                            batch_pieces(self.files, self.counts, self.batch_size)[start:stop]))
 
     def describe(self) -> str:
         """One line: how many samples, of which kind, in how many batches."""

@@ -20,6 +20,7 @@ from ..core.declared_names import refuse_unknown_keywords
 from ..core.errors import CalibrationDataError, PlatformError
 from ..core.ir import Graph
 from ..executor import computing_threads
+from .distributed import workers_session
 
 
 class QuantizationOptimizationPass:
@@ -141,7 +142,7 @@ class QuantizationOptimizationPipeline:
         self.records = []
         if kwargs.get("calib_steps") is not None and kwargs.get("calib_steps") > 0:  # repeated once for all passes
             kwargs["dataloader"] = repeat_to_steps(kwargs.get("dataloader"), kwargs["calib_steps"])
-        with computing_threads():
+        with computing_threads(), workers_session():   # passes using Ray share its workers
             for current in self.passes:
                 started = time.perf_counter()
                 report = current.optimize(graph, **kwargs) or {}
@@ -226,6 +227,50 @@ class RepeatedBatches:
                     return
             if epoch == 0:  # empty: the caller says so
                 return
+
+    def calibration_shard(self, start: int, stop: int):
+        """Batches ``start`` to ``stop`` (exclusive) as readers of their own files (see
+        ``ppqlike.optim.distributed.file_shards``), or None when the dataloader's are not."""
+        shard = getattr(self.dataloader, "calibration_shard", None)
+        available = len(self.dataloader)
+        if shard is None or available <= 0:
+            return None
+        pieces, index = [], start
+        while index < stop:   # batch i is batch i % available of the dataloader
+            first = index % available
+            last = min(available, first + stop - index)
+            pieces.append(shard(first, last))
+            index += last - first
+        return None if any(p is None for p in pieces) else ChainedShards(pieces)
+
+
+class ChainedShards:
+    """Several calibration shards read one after the other (picklable when they are)."""
+
+    def __init__(self, shards: list):
+        self.shards = list(shards)
+
+    def __len__(self) -> int:
+        return sum(len(shard) for shard in self.shards)
+
+    def __iter__(self) -> Iterator[Any]:
+        for shard in self.shards:
+            yield from shard
+
+
+class CollatedShard:
+    """A calibration shard's batches through ``collate_fn`` (the pipeline's; None: as they are), as
+    :func:`iterate_calibration` hands them to the passes; picklable when the shard and collate_fn are."""
+
+    def __init__(self, shard: Iterable, collate_fn: Callable | None):
+        self.shard, self.collate_fn = shard, tolerant_collate(collate_fn)
+
+    def __len__(self) -> int:
+        return len(self.shard)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.shard:
+            yield self.collate_fn(batch) if self.collate_fn is not None else batch
 
 
 def repeat_to_steps(dataloader: Any, calib_steps: int | None) -> Any:

@@ -233,7 +233,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
         passes.append(MixedPrecisionPass(setting.accuracy_target,
                                          batches=setting.mixed_precision_batches,
                                          max_ops=setting.mixed_precision_max_ops, verbose=verbose > 0,
-                                         higher_precision_bits=policy.higher_precision_bits))
+                                         higher_precision_bits=policy.higher_precision_bits,
+                                         backend=setting.calibration_backend, workers=setting.calibration_workers))
     if policy.bias_int32 and (setting.accuracy_target is not None or setting.protection):
         passes.append(Int32BiasRangePass())  # again: moving ops off 8 bits made new weight scales
     if policy.integer_requantization:

@@ -26,8 +26,8 @@ from ...core.op_facts import VALUE_PRESERVING_TYPES
 from ...core.quant_graph import configured_operations, input_config, output_config
 from ...executor import NumpyExecutor, OperationHook
 from ...executor.simulation import dequantized
-from ..base import QuantizationOptimizationPass, iterate_calibration
-from ..distributed import observe_on_ray
+from ..base import CollatedShard, QuantizationOptimizationPass, iterate_calibration
+from ..distributed import file_shards, observe_on_ray, split_into_shards
 from ..observers import ChoiceObserver, make_observer
 from .sensitivity import leading_samples, sample_cosines, sample_count
 from .threshold_search import search_thresholds
@@ -130,14 +130,20 @@ def choose_terminal_observers(graph: Graph, observer: str) -> int:
     return changed
 
 
-def observe_shard(graph: Graph, batches: list) -> list:
-    """The observers of ``graph``'s activations (see :func:`watched_observers`) fed ``batches``: what one worker
-    of the distributed backend computes on its shard (``ppqlike.optim.distributed``)."""
+def observe_shard(graph: Graph, batches: Iterable) -> list:
+    """The observers of ``graph``'s activations (see :func:`watched_observers`) fed ``batches`` (a list, or a
+    reader of its own calibration files): what one worker of the distributed backend computes on its shard
+    (``ppqlike.optim.distributed``)."""
     observers = watched_observers(graph)
     hook, executor = observer_hook(observers), NumpyExecutor(graph)
-    for batch in batches:
+    for batch in _checked(batches, graph):
         executor.forward(batch, hooks=[hook])
     return [observer for _, observer, *_ in observers]
+
+
+def observe_shards(graph: Graph, shards: list) -> list:
+    """:func:`observe_shard` of each shard (``distributed.map_items``'s form: one result per item)."""
+    return [observe_shard(graph, shard) for shard in shards]
 
 
 def render(observer, unsigned_non_negative: bool = False) -> None:
@@ -208,6 +214,19 @@ def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, he
             "observer_chosen_on": int(sum(sample_count(b) for b in batches))}
 
 
+def _leading_batches(batches: Iterable, search_batches: int, choosing: bool) -> list:
+    """The first batches the local run keeps (``search_batches`` of them, or CHOICE_SAMPLES samples when
+    choosing observers), at least one; reading stops there."""
+    kept, samples, batches = [], 0, iter(batches)
+    while not kept or len(kept) < search_batches or (choosing and samples < CHOICE_SAMPLES):
+        batch = next(batches, None)   # (asked only when wanted: asking reads the batch's files)
+        if batch is None:
+            break
+        kept.append(batch)
+        samples += sample_count(batch)
+    return kept
+
+
 class RuntimeCalibrationPass(QuantizationOptimizationPass):
     """Observe activations on calibration data and render their scales.
 
@@ -238,13 +257,17 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
         first_batches = []
         batches = iterate_calibration(dataloader, calib_steps, collate_fn, "calibration", self.verbose)
         if self.backend == "ray":
-            batches = list(_checked(batches, graph))
-            shards = observe_on_ray(graph, batches, self.workers, observe_shard)
-            first_batches = batches[:max(self.search_batches, len(batches) if choosing else 0)]
-            workers_report = {"workers": len(shards.observers),
-                              "worker_seconds": [round(t, 3) for t in shards.worker_seconds],
-                              "worker_peak_mib": [round(m, 1) for m in shards.worker_peak_mib]}
-            for shard_observers in shards.observers:
+            shards = file_shards(dataloader, calib_steps, self.workers)
+            if shards is None:   # batches in memory: the driver reads them and sends arrays
+                batches = list(_checked(batches, graph))
+                shards = split_into_shards(batches, self.workers)
+                first_batches = batches[:max(self.search_batches, len(batches) if choosing else 0)]
+            else:                # from files: each worker reads its own; here only the batches kept below
+                shards = [CollatedShard(shard, collate_fn) for shard in shards]
+                first_batches = _leading_batches(_checked(batches, graph), self.search_batches, choosing)
+            mapped = observe_on_ray(graph, shards, self.workers, observe_shards)
+            workers_report = {**mapped.report(), "shards_read_by_workers": not isinstance(shards[0], list)}
+            for shard_observers in mapped.results:
                 for (_, observer, *_), theirs in zip(observers, shard_observers):
                     observer.merge(theirs)
         else:
@@ -257,8 +280,8 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
                     kept += sample_count(batch)
         searching = [entry for entry in observers if hasattr(entry[1], "candidates") and hasattr(entry[1], "select")]
         # all searched tensors in one float forward pass per search batch (a tensor no op reads keeps KL)
-        searched = search_thresholds(graph, executor, first_batches[:self.search_batches], searching) \
-            if searching else 0
+        searched = search_thresholds(graph, executor, first_batches[:self.search_batches], searching,
+                                     self.backend, self.workers) if searching else 0
         for config, observer, operation, side, index in observers:
             render(observer, self.unsigned_non_negative)
             config.state = S.ACTIVATED

@@ -46,14 +46,13 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable
 
-import numpy as np
-
 from ...core.ir import Graph
 from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
-from .precision_moves import (can_widen, find_units, move_to_float_format, move_to_fp32, move_to_wider_grid, restore,
-                              snapshot)
+from ..distributed import map_items
+from .precision_moves import can_widen, find_units
+from .precision_trials import TrialData, move_unit, trial_cosines, unit_sensitivities
 from ...core.float_formats import float_format
 from .sensitivity import AloneRunner, cosine_lower_bound, output_cosine, sample_cosines
 
@@ -82,7 +81,8 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
     name = "mixed_precision"
 
     def __init__(self, target: float = 0.99, batches: int = 2, max_ops: int | None = None, prune: bool = True,
-                 verbose: bool = True, higher_precision_bits: int | None = None):
+                 verbose: bool = True, higher_precision_bits: int | None = None, backend: str = "local",
+                 workers: int = 2):
         if not -1.0 < float(target) <= 1.0:
             raise ValueError(f"mixed-precision target cosine must be in (-1, 1], got {target}")
         if isinstance(higher_precision_bits, str):   # a float format: 'BF16' or 'F16' (TPU-MLIR's modes)
@@ -95,6 +95,7 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
             self.bits = None if higher_precision_bits is None else int(higher_precision_bits)
         self.target, self.batches, self.max_ops = float(target), int(batches), max_ops
         self.prune, self.verbose = prune, verbose
+        self.backend, self.workers = backend, workers
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None,
@@ -110,67 +111,72 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
         with dequantized(graph):
             references = [executor.forward(batch) for batch in data]
         units = find_units(graph)
-        measured = 0
+        shared = TrialData(graph, data, references, [[op.name for op in unit] for unit in units],
+                           runtime_kernels=executor.runtime_kernels, local_executor=executor)
+        # trials measured at once: one per worker (the later ones speculative), one at a time here
+        width = self.workers if self.backend == "ray" else 1
+        measured, workers_seconds = 0, []
 
-        def measure() -> float:
-            nonlocal measured
-            measured += 1
-            return cosine_lower_bound(np.concatenate([sample_cosines(executor.forward(b), r)
-                                                      for b, r in zip(data, references)]))
+        def measure_trials(trials: list) -> list[float]:
+            mapped = map_items(trial_cosines, shared, trials, self.backend, self.workers)
+            workers_seconds.extend(mapped.worker_seconds)
+            return mapped.results
 
-        initial = current = measure()
+        initial = current = measure_trials([[]])[0]
+        measured += 1
         sensitivity = {i: 0.0 for i in range(len(units))}
-        for batch, reference in zip(data, references if initial < self.target else ()):  # none if met
-            cached = runner.cache(batch)
-            for i, unit in enumerate(units):
-                sensitivity[i] += output_cosine(runner.quantize_alone(unit, cached), reference) / len(data)
-            del cached
+        if initial < self.target:
+            shared.local_runner = runner   # here, it notes the FP32 range of every tensor on the way
+            mapped = map_items(unit_sensitivities, shared, list(range(len(units))), self.backend, self.workers)
+            workers_seconds.extend(mapped.worker_seconds)
+            sensitivity = dict(enumerate(mapped.results))
+            if mapped.worker_seconds:   # measured on workers: the ranges (a move to a wider grid reads them)
+                for batch in data:
+                    runner.cache(batch)
+            shared.observed = runner.observed
 
-        def apply(moves: dict[int, int | None]) -> None:
-            """From the original configs, move each unit to its precision (bits, or None for FP32)."""
-            restore(graph, original)
-            for i, bits in moves.items():
-                move_up(units[i], bits)
-
-        def move_up(unit, bits) -> None:
-            if bits is None:
-                move_to_fp32(graph, unit)
-            elif isinstance(bits, str):
-                move_to_float_format(graph, unit, bits)
-            else:
-                move_to_wider_grid(graph, unit, bits, runner.observed)
-
-        original = snapshot(graph)
         ranking = sorted(range(len(units)), key=lambda i: sensitivity[i])
         steps_to_try = [(i, self.bits) for i in ranking if self.bits is not None
                         and (isinstance(self.bits, str) or can_widen(units[i]))]
         steps_to_try += [(i, None) for i in ranking]
         moves: dict[int, int | None] = {}   # unit -> bits it moved to (None: FP32), in the order moved
         trace = []
-        for i, bits in steps_to_try:
-            if current >= self.target:
-                break
-            count = sum(len(units[j]) for j in moves if j != i) + len(units[i])
-            if self.max_ops is not None and count > self.max_ops:
-                continue
-            was_moved = moves.pop(i, False) is not False
-            moves[i] = bits
-            if was_moved:       # INT16 -> FP32: redo from the original configs
-                apply(moves)
-            else:
-                move_up(units[i], bits)
-            current = measure()
-            trace.append({"unit": [op.name for op in units[i]], "precision": _precision_name(bits),
-                          "cosine": current})
+        position = 0
+        while position < len(steps_to_try) and current < self.target:
+            # the next trials as if none reached the target: each adds one move to the one before
+            trials, ends, speculative = [], [], dict(moves)
+            while position < len(steps_to_try) and len(trials) < width:
+                i, bits = steps_to_try[position]
+                position += 1
+                count = sum(len(units[j]) for j in speculative if j != i) + len(units[i])
+                if self.max_ops is not None and count > self.max_ops:
+                    continue
+                speculative.pop(i, None)   # INT16 -> FP32: moved again, last
+                speculative[i] = bits
+                trials.append(list(speculative.items()))
+                ends.append(position)
+            for trial, end, cosine in zip(trials, ends, measure_trials(trials) if trials else ()):
+                measured += 1
+                moves, current, position = dict(trial), cosine, end
+                index, bits = trial[-1]
+                trace.append({"unit": [op.name for op in units[index]], "precision": _precision_name(bits),
+                              "cosine": current})
+                if current >= self.target:   # the later trials are not taken
+                    break
         if self.prune and current >= self.target and len(moves) > 1:
-            for i in list(reversed(list(moves)[:-1])):
-                trial = {j: b for j, b in moves.items() if j != i}
-                apply(trial)
-                cosine = measure()
-                if cosine >= self.target:
-                    moves, current = trial, cosine
-                    trace.append({"restored": [op.name for op in units[i]], "cosine": cosine})
-            apply(moves)
+            candidates, next_candidate = list(reversed(list(moves)[:-1])), 0
+            while next_candidate < len(candidates):
+                chunk = candidates[next_candidate:next_candidate + width]
+                trials = [[(j, b) for j, b in moves.items() if j != i] for i in chunk]
+                for i, trial, cosine in zip(chunk, trials, measure_trials(trials)):
+                    measured += 1
+                    next_candidate += 1
+                    if cosine >= self.target:   # taken: the later trials assumed it was not
+                        moves, current = dict(trial), cosine
+                        trace.append({"restored": [op.name for op in units[i]], "cosine": cosine})
+                        break
+        for i, bits in moves.items():
+            move_unit(graph, units[i], bits, runner.observed)
         moved = {FP32: [op.name for j, b in moves.items() if b is None for op in units[j]]}
         if self.bits is not None:
             moved[_precision_name(self.bits)] = [op.name for j, b in moves.items() if b is not None
@@ -186,5 +192,7 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
                 "fp32_op_count": len(moved[FP32]), "fp32_ops": moved[FP32],
                 "higher_precision": _precision_name(self.bits), "units": len(units), "measurements": measured,
                 "batches": len(data), "held_aside": held_aside is not None,
-                "seconds": round(time.perf_counter() - started, 3),
+                "seconds": round(time.perf_counter() - started, 3), "backend": self.backend,
+                **({"worker_tasks": len(workers_seconds), "worker_seconds": round(sum(workers_seconds), 3)}
+                   if workers_seconds else {}),
                 "most_sensitive": worst, "trace": trace}

@@ -19,6 +19,9 @@ the number of searched tensors.  (The first version captured every reader's
 inputs with a forward pass per tensor and recomputed the float output per
 candidate: about (tensors + 2 * candidates) forward passes per batch.)
 
+Split over Ray workers (``backend='ray'``): each worker runs the float forward passes with the candidates
+of its share of the tensors (a tensor's errors depend on its own candidates only): the same errors.
+
 Reads: the observers' candidates; the graph run in float
 (``dequantized``).  Writes: ``observer.select(best)`` for each searched
 tensor (the calibration pass then renders the scale and activates the
@@ -27,6 +30,7 @@ config); the per-candidate errors go to ``config.detail['search']``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -34,6 +38,7 @@ import numpy as np
 from ...core.ir import Graph, Operation
 from ...executor import NumpyExecutor, OperationHook
 from ...executor.simulation import dequantized
+from ..distributed import map_items
 
 
 class _Task:
@@ -80,11 +85,45 @@ class _SearchHook(OperationHook):
         return None
 
 
-def search_thresholds(graph: Graph, executor: NumpyExecutor, batches: Sequence, entries: Iterable) -> int:
+@dataclass
+class SearchData:
+    """What the searches of all tensors share: the graph, the search batches, and per searched tensor its
+    config, observer, name and readers' names (sent together, so each observer keeps its config)."""
+
+    graph: Graph
+    batches: list
+    tasks: list[tuple]                # (config, observer, variable name, reader op names)
+    runtime_kernels: bool = True
+    local_executor: NumpyExecutor | None = None   # this process's executor of ``graph`` (never sent)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "local_executor": None}
+
+
+def candidate_errors(data: SearchData, indices: list[int]) -> list[np.ndarray]:
+    """The summed squared error at the readers of each candidate of the searched tensors ``indices``: one
+    float forward pass per batch with those tensors' candidates tried at their readers (a tensor's errors
+    depend on its own candidates only, so the tensors can be split over workers)."""
+    graph = data.graph
+    executor = data.local_executor if data.local_executor is not None and data.local_executor.graph is graph \
+        else NumpyExecutor(graph, runtime_kernels=data.runtime_kernels)
+    tasks = [_Task(config, observer, name, [graph.operations[r] for r in readers])
+             for config, observer, name, readers in (data.tasks[i] for i in indices)]
+    hook = _SearchHook(executor, tasks)
+    with dequantized(graph):
+        for batch in data.batches:
+            executor.forward(batch, hooks=[hook])
+    return [task.errors for task in tasks]
+
+
+def search_thresholds(graph: Graph, executor: NumpyExecutor, batches: Sequence, entries: Iterable,
+                      backend: str = "local", workers: int = 1) -> int:
     """Select the best candidate of every ``(config, observer, operation, side, index)`` entry; returns how many.
 
     ``side`` is 'input' (the tensor is input ``index`` of ``operation``, which is then its only reader) or
     'output' (output ``index``; every consumer reads it).  Entries without readers keep the KL threshold.
+    ``backend`` 'ray': the tensors are split over ``workers`` Ray workers (``distributed.map_items``), with
+    the same errors.
     """
     tasks = []
     for config, observer, operation, side, index in entries:
@@ -98,11 +137,12 @@ def search_thresholds(graph: Graph, executor: NumpyExecutor, batches: Sequence, 
         tasks.append(_Task(config, observer, variable.name, readers))
     if not tasks or not batches:
         return 0
-    hook = _SearchHook(executor, tasks)
-    with dequantized(graph):
-        for batch in batches:
-            executor.forward(batch, hooks=[hook])
-    for task in tasks:
+    shared = SearchData(graph, list(batches), [(t.config, t.observer, t.variable, [r.name for r in t.readers])
+                                               for t in tasks],
+                        runtime_kernels=executor.runtime_kernels, local_executor=executor)
+    errors = map_items(candidate_errors, shared, list(range(len(tasks))), backend, workers).results
+    for task, task_errors in zip(tasks, errors):
+        task.errors = task_errors
         best = int(np.argmin(task.errors)) if np.all(np.isfinite(task.errors)) else len(task.candidates) - 1
         task.observer.select(task.candidates[best])
         task.config.detail["search"] = {"candidates": [float(c) for c in task.candidates],
