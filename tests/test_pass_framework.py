@@ -6,6 +6,8 @@ import pytest
 import ppqlike
 from ppqlike.core.errors import CalibrationDataError, PlatformError
 from ppqlike.core.quant import QuantizationStates as S
+from ppqlike.optim.recipe import build_pipeline
+from ppqlike.platforms.policies import get_platform_policy
 from ppqlike.optim.base import (CalibrationRepeatWarning, PassRegistry, QuantizationOptimizationPass,
                                 QuantizationOptimizationPipeline, iterate_calibration)
 from test_passes import small_model
@@ -46,8 +48,8 @@ def test_user_pass_registered_before_a_builtin_pass_runs_there():
 
     registry = PassRegistry()
     registry.register(Inspect(), after="parameter")
-    policy = ppqlike.platforms.policies.get_platform_policy("ORT_INT8")
-    pipeline = registry.apply(ppqlike.optim.recipe.build_pipeline(policy, ppqlike.QuantizationSetting(), registry=PassRegistry()))
+    policy = get_platform_policy("ORT_INT8")
+    pipeline = registry.apply(build_pipeline(policy, ppqlike.QuantizationSetting(), registry=PassRegistry()))
     assert pipeline.names.index("inspect") == pipeline.names.index("parameter") + 1
     ppqlike.register_pass(Inspect(), before="calibration")
     try:
