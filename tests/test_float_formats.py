@@ -158,9 +158,11 @@ def test_config_describes_a_float_grid():
     assert cfg.quantize_codes(x) is None        # no integer codes for integer kernels
     again = TensorQuantizationConfig.from_dict(cfg.to_dict())
     assert again.float_format is cfg.float_format and same_bits(again.fake_quantize(x), cfg.fake_quantize(x)).all()
-    slave = TensorQuantizationConfig(policy, name="s")
+    slave = TensorQuantizationConfig(policy, name="s", rounding=RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO)
     slave.dominated_by(cfg)
-    assert slave.float_format is cfg.float_format   # a governed config quantizes exactly like its master
+    assert slave.float_format is cfg.float_format   # a governed config quantizes exactly like its master,
+    assert same_bits(slave.fake_quantize(x), cfg.fake_quantize(x)).all()   # its own int8 rounding aside
+    # (TPU_INT8's protection moving a Sigmoid whose output a Concat shares to BF16 failed here: basic-pitch)
     with pytest.raises(QuantizationPolicyError, match="set float_format"):
         cfg.num_of_bits = 4
     cfg.rounding = RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO

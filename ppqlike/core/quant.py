@@ -313,8 +313,11 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
         return scale, offset, grid._qmin, grid._qmax, axis
 
     def _float_grid(self):
-        """The float format of a float grid (its rounding and offset checked), or None."""
-        return checked_float_format(self._grid()._float_format, self._rounding, self._resolve()[1], self._who())
+        """The float format of a float grid (its rounding and offset checked), or None.  A config that follows
+        a master's grid rounds as that grid does (a float grid's casts round half to even, whatever the
+        follower's own policy, e.g. TPU-MLIR's int8 half away from zero, says)."""
+        grid = self._grid()
+        return checked_float_format(grid._float_format, grid._rounding, self._resolve()[1], self._who())
 
     def _call(self, fn, values, **options):
         fmt = self._float_grid()
