@@ -90,25 +90,28 @@ def _f32(x) -> np.ndarray:
 
 
 def round_to_format(x, fmt: "FloatFormat | str") -> np.ndarray:
-    """``x`` (float32) rounded to the nearest value of ``fmt`` (ties to even), as float32 (module docstring)."""
+    """``x`` (float32) rounded to the nearest value of ``fmt`` (ties to even), as float32 (module docstring).
+    Integer operations on the float32 bits, in place where they can be (this runs on every activation of a
+    float-format model in the simulation)."""
     fmt = float_format(fmt)
     x = _f32(x)
     bits = x.reshape(-1).view(np.uint32)
-    sign = bits & np.uint32(0x80000000)
     mag = bits & np.uint32(0x7FFFFFFF)
     shift = 23 - fmt.mantissa_bits
     # normal range: round the magnitude's bits at the format's last mantissa bit (a carry moves the exponent)
-    low = np.uint32((1 << shift) - 1)
-    rounded = mag + (np.uint32((1 << (shift - 1)) - 1) + ((mag >> np.uint32(shift)) & np.uint32(1)))
-    rounded &= ~low
+    rounded = mag >> np.uint32(shift)
+    rounded &= np.uint32(1)
+    rounded += np.uint32((1 << (shift - 1)) - 1)
+    rounded += mag
+    rounded &= ~np.uint32((1 << shift) - 1)
     # below the format's smallest normal number: a multiple of its smallest subnormal
     min_normal = 128 - fmt.bias            # float32 biased exponent of the format's smallest normal number
-    exponent = (mag >> np.uint32(23)).astype(np.int64)
-    below = exponent < min_normal
+    below = mag < np.uint32(min_normal << 23)
     if np.any(below):
         sub = mag[below].astype(np.int64)
-        e = np.maximum(exponent[below], 1)
-        significand = (sub & 0x7FFFFF) | np.where(exponent[below] > 0, 0x800000, 0)
+        exponent = sub >> 23
+        e = np.maximum(exponent, 1)
+        significand = (sub & 0x7FFFFF) | np.where(exponent > 0, 0x800000, 0)
         s = np.minimum(shift + (min_normal - e), 40)
         kept = significand >> s
         rest = significand & ((np.int64(1) << s) - 1)
@@ -116,11 +119,16 @@ def round_to_format(x, fmt: "FloatFormat | str") -> np.ndarray:
         kept += (rest > half) | ((rest == half) & ((kept & 1) == 1))
         value = kept.astype(np.float32) * np.float32(fmt.smallest_subnormal)
         rounded[below] = value.view(np.uint32)
-    max_bits = np.float32(fmt.max_value).view(np.uint32)
-    top = np.uint32(max_bits) if fmt.saturate else np.uint32(0x7F800000)
-    rounded = np.where(rounded > max_bits, top, rounded)      # past the largest finite value (Inf included)
-    rounded = np.where(mag > np.uint32(0x7F800000), np.uint32(0x7FC00000), rounded)   # NaN stays NaN
-    return (rounded | sign).view(np.float32).reshape(x.shape)
+    max_bits = np.uint32(np.float32(fmt.max_value).view(np.uint32))
+    if fmt.saturate:                        # past the largest finite value (Inf included): the largest
+        np.minimum(rounded, max_bits, out=rounded)
+    else:                                   # past it: Inf
+        rounded[rounded > max_bits] = np.uint32(0x7F800000)
+    nan = mag > np.uint32(0x7F800000)       # NaN stays NaN
+    if np.any(nan):
+        rounded[nan] = np.uint32(0x7FC00000)
+    rounded |= bits & np.uint32(0x80000000)
+    return rounded.view(np.float32).reshape(x.shape)
 
 
 def _scale(scale, shape, channel_axis) -> np.ndarray:
