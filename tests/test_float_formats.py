@@ -163,6 +163,9 @@ def test_config_describes_a_float_grid():
     assert slave.float_format is cfg.float_format   # a governed config quantizes exactly like its master,
     assert same_bits(slave.fake_quantize(x), cfg.fake_quantize(x)).all()   # its own int8 rounding aside
     # (TPU_INT8's protection moving a Sigmoid whose output a Concat shares to BF16 failed here: basic-pitch)
+    slave.detach()                                  # and keeps the float grid, rounding as it does
+    assert slave.float_format is cfg.float_format and slave.rounding is RoundingPolicy.ROUND_HALF_EVEN
+    assert same_bits(slave.fake_quantize(x), cfg.fake_quantize(x)).all()   # (SqueezeNet's accuracy target)
     with pytest.raises(QuantizationPolicyError, match="set float_format"):
         cfg.num_of_bits = 4
     cfg.rounding = RoundingPolicy.ROUND_HALF_AWAY_FROM_ZERO

@@ -273,6 +273,8 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
             self._policy, self._bits, self._channel_axis = grid._policy, grid._bits, grid._channel_axis
             self._float_format = grid._float_format
             self._qmin, self._qmax = grid._qmin, grid._qmax
+            if grid._float_format is not None:   # a float grid's casts round half to even, whatever own policy
+                self._rounding = grid._rounding
         self._scale, self._offset = scale, offset
         self._masters = ()
         self._state = state
