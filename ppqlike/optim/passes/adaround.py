@@ -219,7 +219,8 @@ class AdaroundPass(QuantizationOptimizationPass):
         for (name, _), result in zip(items, mapped.results):
             if result is None:
                 budget_spent = True
-                skipped.append({"op": name, "reason": f"time budget of {self.time_budget_s} s spent"})
+                seconds = TimeBudget.of(self.time_budget_s).seconds
+                skipped.append({"op": name, "reason": f"time budget of {seconds} s spent"})
             else:
                 layers.append(self._bake_layer(graph.operations[name], result))
         improved = [f for f in layers if f["kept_learned"]]
