@@ -19,7 +19,7 @@ from ppqlike.api import _BatchRange, _CheckedBatches
 from ppqlike.io.calibration_data import CalibrationFolder
 from ppqlike.io.calibration_files import CalibrationFileLoader
 from ppqlike.optim.base import RepeatedBatches
-from ppqlike.optim.distributed import file_shards, map_items, strided_chunks
+from ppqlike.optim.distributed import file_shards, longest_first_chunks, map_items, strided_chunks
 from shared_bench import BENCH_DIR, PRESETS, requires_bench
 
 RAY_ABSENT = "the ray extra is not installed (pip install \".[ray]\"); CI installs it"
@@ -92,6 +92,30 @@ def test_strided_chunks_deal_every_item_once():
 
 def _square_all(offset, items):
     return [offset + item * item for item in items]
+
+
+@settings(max_examples=50, deadline=None)
+@given(costs=st.lists(st.floats(0, 1e6), max_size=30), workers=st.integers(1, 5))
+def test_longest_first_chunks_deal_every_item_once_and_balance(costs, workers):
+    chunks = longest_first_chunks(costs, workers)
+    assert sorted(i for chunk in chunks for i in chunk) == list(range(len(costs)))
+    assert all(chunk == sorted(chunk) and chunk for chunk in chunks) and len(chunks) <= workers
+    if chunks:   # greedy longest-first: no chunk exceeds the lightest by more than its costliest item
+        totals = [sum(costs[i] for i in chunk) for chunk in chunks]
+        assert max(totals) - min(totals) <= max(costs) * (1 + 1e-9) + 1e-9
+    assert longest_first_chunks([1.0, 5.0, 2.0, 2.0], 2) == [[1], [0, 2, 3]]
+
+
+def test_a_rounding_job_carries_its_deadline_as_wall_time_and_stops_at_it():
+    import pickle as pickle_
+    import time
+    from ppqlike.optim.passes.adaround_rounding import RoundingJob, round_layers
+    soon = time.perf_counter() + 100.0
+    job = pickle_.loads(pickle_.dumps(RoundingJob(graph=None, wall_deadline=RoundingJob.wall_time_of(soon))))
+    assert abs(job.deadline() - soon) < 0.05
+    assert RoundingJob(graph=None).deadline() == float("inf")
+    past = RoundingJob(graph=None, wall_deadline=RoundingJob.wall_time_of(time.perf_counter() - 1.0))
+    assert round_layers(past, [("a", None), ("b", None)]) == [None, None]   # no layer begun
 
 
 def test_map_items_locally_is_one_call_in_order():
@@ -263,3 +287,69 @@ def test_a_worker_killed_mid_task_is_retried_and_gives_the_local_scales(ray_clus
     assert os.path.exists(ray_cluster.marker)   # a worker died
     _assert_same_results(results, "calibration")
     assert _report(results["ray"][0], "calibration")["workers"] == 2
+
+
+# ------------------------------------------------------------------ learned rounding on the workers
+def _rounding_report(graph) -> dict:
+    """The adaround pass's report without its timings and where it ran."""
+    report = dict(_report(graph, "adaround"))
+    for key in ("capture_seconds", "backend", "workers", "worker_seconds", "worker_peak_mib"):
+        report.pop(key, None)
+    report["layer_details"] = [{k: v for k, v in layer.items() if k != "seconds"}
+                               for layer in report["layer_details"]]
+    return report
+
+
+def _assert_same_rounding(results: dict, layers: int):
+    """Configs JSON, outputs, the baked weights and the rounding report of 'ray' as of 'local'; ``layers``
+    layers rounded, split over both workers."""
+    _assert_same_results(results)
+    (local, _, _), (ray, _, _) = results["local"], results["ray"]
+    baked = 0
+    for name, operation in local.operations.items():
+        if operation.type in ("Conv", "Gemm") and "adaround" in operation.config.input_quantization_config[1].detail:
+            mine = ray.operations[name].config.input_quantization_config[1]
+            theirs = operation.config.input_quantization_config[1]
+            assert mine.baked_value.dtype == theirs.baked_value.dtype == np.float32
+            np.testing.assert_array_equal(mine.baked_value, theirs.baked_value)
+            np.testing.assert_array_equal(mine.scale, theirs.scale)
+            baked += 1
+    assert baked == layers
+    assert _rounding_report(ray) == _rounding_report(local)
+    report = _report(ray, "adaround")
+    assert report["backend"] == "ray" and report["layers"] == layers and report["workers"] == 2
+    assert _report(local, "adaround")["backend"] == "local"
+
+
+def test_learned_rounding_on_workers_gives_the_local_weights(ray_cluster):
+    """The chain model at W4A8: its 5 layers' rounding (scale search and Adam iterations) on two workers gives
+    the local run's configs, baked weights and outputs bit for bit."""
+    from test_accuracy_passes import chain_model, data
+    results = _quantized_twice(chain_model(), data(3), "ACADEMIC_W4A8", adaround=True, adaround_steps=100,
+                               adaround_samples=256, protection=False)
+    _assert_same_rounding(results, 5)
+    assert _report(results["ray"][0], "adaround")["improved"] >= 1   # the learned rounding was kept somewhere
+
+
+def test_learned_rounding_on_workers_stops_at_a_spent_budget_like_the_local_run(ray_cluster):
+    """A time budget spent before the layers: on the workers as here, every layer keeps nearest rounding."""
+    from test_accuracy_passes import chain_model, data
+    results = _quantized_twice(chain_model(), data(3), "ACADEMIC_W4A8", adaround=True, adaround_steps=100,
+                               adaround_samples=256, protection=False, time_budget_s=0.0)
+    _assert_same_results(results)
+    for backend in ("local", "ray"):
+        report = _report(results[backend][0], "adaround")
+        assert report["layers"] == 0 and report["budget_spent"] and report["skipped"] == 5, report
+
+
+@requires_bench
+@pytest.mark.real_model
+def test_learned_rounding_of_squeezenet_on_workers_gives_the_local_weights(ray_cluster):
+    """SqueezeNet 1.1 at W4A8 on 4 images (a few Adam steps per layer): the 26 convolutions rounded on two
+    workers give the local run's configs, baked weights and outputs."""
+    from shared_bench import load_images
+    images, _, _ = load_images("squeezenet1.1", "calib", 4)
+    batches = [images[i:i + 2] for i in range(0, 4, 2)]
+    results = _quantized_twice(str(PRESETS["squeezenet1.1"].path), batches, "ACADEMIC_W4A8", adaround=True,
+                               adaround_steps=40, adaround_samples=512, protection=False)
+    _assert_same_rounding(results, 26)

@@ -12,7 +12,7 @@ Ray workers:
   power-of-two ranges that re-bin exactly, see ``ppqlike.optim.observers.histogram``).
 * **Independent measurements of the accuracy passes** (:func:`map_items`): a module-level function over
   items (the units of the accuracy target's sensitivity ranking, its trial moves, the tensors of the
-  threshold search), each result a function of its item and of what is shared (the graph and the data), so
+  threshold search, the layers of learned rounding with their gathered statistics), each result a function of its item and of what is shared (the graph and the data), so
   the items can be split over workers in any way.
 
 Bits.  A worker runs the same code on a copy of the same graph and data as this process, with BLAS
@@ -78,6 +78,19 @@ def strided_chunks(count: int, workers: int) -> list[list[int]]:
     (an early layer with a long way downstream, then the next) go to different workers."""
     parts = max(1, min(int(workers), count))
     return [list(range(start, count, parts)) for start in range(parts) if start < count]
+
+
+def longest_first_chunks(costs: Sequence[float], workers: int) -> list[list[int]]:
+    """Indices 0..len(costs)-1 in up to ``workers`` chunks of nearly equal total cost: the costliest item first
+    to the chunk with the least so far (ties: the lower index, the lower chunk); each chunk in index order."""
+    parts = max(1, min(int(workers), len(costs)))
+    chunks: list[list[int]] = [[] for _ in range(parts)]
+    totals = [0.0] * parts
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        lightest = min(range(parts), key=lambda c: (totals[c], c))
+        chunks[lightest].append(index)
+        totals[lightest] += costs[index]
+    return [sorted(chunk) for chunk in chunks if chunk]
 
 
 def worker_threads_env(workers: int) -> dict[str, str]:

@@ -204,7 +204,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
         passes.append(AdaroundPass(steps=setting.adaround_steps, samples=setting.adaround_samples,
                                    inputs="float", verbose=verbose > 0,
                                    # leave part of the budget to the range search, which gains more on some models
-                                   time_budget_s=budget.part(ADAROUND_SHARE) if setting.range_search else budget))
+                                   time_budget_s=budget.part(ADAROUND_SHARE) if setting.range_search else budget,
+                                   backend=setting.calibration_backend, workers=setting.calibration_workers))
     if bodies:
         passes.append(BodyQuantizationPass(policy, setting, build_pipeline, format_for_quantization, verbose=verbose > 0))
     passes += [RuntimeCalibrationPass(search_batches=setting.search_batches, verbose=verbose > 0,

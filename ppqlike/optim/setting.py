@@ -95,7 +95,9 @@ class QuantizationSetting(PPQSettingViews):
     ppqlike.optim.passes.placement),
     ``search_batches`` (batches the TPU-style search evaluates on);
     ``calibration_backend`` 'local' or 'ray' with ``calibration_workers`` Ray workers (the
-    batches sharded, the observers merged exactly: the same scales as 'local').
+    batches sharded, the observers merged exactly: the same scales as 'local'; the threshold search's
+    candidates, the accuracy target's measurements and learned rounding's layers split over the same
+    workers, with the local run's results: see ``ppqlike.optim.distributed``).
     Accuracy passes, all off by default: ``equalization`` (cross-layer
     equalization before parameter quantization; ``equalization_iterations``
     sweeps, ``equalization_clip`` 'exact' | 'skip' says how pairs through

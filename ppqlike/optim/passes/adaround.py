@@ -77,7 +77,18 @@ in ``Variable.value`` is kept.
 Time budget: checked between batches of the row capture, between layers and
 every 16 iterations inside a layer; a layer stopped early is judged like a
 finished one (its hard rounding kept only if better than nearest), the layers
-not reached keep nearest rounding.  The rows live in ``adaround_rows.py``.
+not reached keep nearest rounding.  The rows live in ``adaround_rows.py``, the
+rounding of one layer in ``adaround_rounding.py``.
+
+On Ray workers (``backend='ray'``, the setting's ``calibration_backend``): the
+rows are gathered here (one forward pass per batch serves every layer), then
+the layers' roundings, independent of each other and drawing no random
+numbers, are split over ``workers`` Ray workers (``distributed.map_items``,
+each worker's share of the layers balanced by their cost, each taken in the
+graph's order); the graph goes once to the object store, each layer's
+statistics to the worker that rounds it, and the results are baked here: the
+same bits as the local run.  Each worker stops at the same deadline (sent as a
+wall-clock time); the layers it has not begun by then keep nearest rounding.
 
 Use: 4-bit weights (``ACADEMIC_W4A8``), where rounding matters most; 8-bit
 weights in the ``best`` recipe.
@@ -87,22 +98,24 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 import numpy as np
-from tqdm import tqdm
 
-from ...core import numerics
 from ...core.ir import Graph, Operation
-from ...core.quant import QuantizationStates, TensorQuantizationConfig
+from ...core.quant import QuantizationStates
 from ...core.quant_graph import configured_operations, input_config
 from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
-from .adaround_rows import LayerStatistics, RowHook, as_groups, broadcast, conv_geometry, from_groups
+from ..distributed import longest_first_chunks, map_items
+from .adaround_rounding import (RoundingJob, layer_cost, learn_rounding, nearest_rounding, round_layers,
+                                search_weight_scale)
+from .adaround_rows import LayerStatistics, RowHook, conv_geometry
+
+__all__ = ["AdaroundPass", "learn_rounding", "nearest_rounding", "search_weight_scale"]
 
 S = QuantizationStates
-ZETA, GAMMA = 1.1, -0.1
 
 
 def _supported(operation: Operation, graph: Graph) -> str | None:
@@ -122,136 +135,6 @@ def _supported(operation: Operation, graph: Graph) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- rounding
-class _Rounder:
-    """The soft-rounding problem of one layer: V, h(V), the quantized weight and their gradients (float32: the
-    steps' arithmetic; the grid values floor, offset and the config's float32 scale are exact in it)."""
-
-    def __init__(self, operation: Operation, config: TensorQuantizationConfig):
-        weight = operation.inputs[1].value.astype(np.float64)
-        self.shape = weight.shape
-        scale = broadcast(config, config.scale, weight.shape)
-        offset = broadcast(config, config.offset, weight.shape)
-        scale, offset = as_groups(operation, scale), as_groups(operation, offset)
-        grouped = as_groups(operation, weight)
-        floor = np.floor(grouped / scale)
-        rest = grouped / scale - floor
-        p = np.clip((rest - GAMMA) / (ZETA - GAMMA), 1e-6, 1 - 1e-6)
-        self.v = np.log(p / (1 - p)).astype(np.float32)
-        self.scale, self.offset, self.floor = (a.astype(np.float32) for a in (scale, offset, floor))
-        self.qmin, self.qmax = config.quant_min, config.quant_max
-
-    def soft(self):
-        sig = np.float32(1.0) / (np.float32(1.0) + np.exp(-self.v))
-        raw = sig * (ZETA - GAMMA) + GAMMA
-        return np.clip(raw, 0.0, 1.0), raw, sig
-
-    def weight(self, h: np.ndarray):
-        q = self.floor + h + self.offset
-        clamped = np.clip(q, self.qmin, self.qmax)
-        return self.scale * (clamped - self.offset), (q >= self.qmin) & (q <= self.qmax)
-
-    def hard(self) -> np.ndarray:
-        return (self.v >= 0).astype(np.float32)
-
-
-def _nearest(operation: Operation, config: TensorQuantizationConfig) -> np.ndarray:
-    return as_groups(operation, config.fake_quantize(operation.inputs[1].value).astype(np.float64))
-
-
-def search_weight_scale(stat: LayerStatistics, operation: Operation, config: TensorQuantizationConfig,
-                        ratios: Sequence[float] = tuple(np.linspace(0.3, 1.0, 36))) -> dict:
-    """Clip the weight range by the ratio (per channel when the config is) that reconstructs the layer best.
-
-    Candidate ranges are ratio * [min, max] of the weight (per channel or per tensor, as the
-    parameter pass measured them); each is scored with nearest rounding on the layer's statistics
-    and the best one's scale/offset is written into the (ACTIVATED) config.
-    """
-    weight = operation.inputs[1].value.astype(np.float64)
-    per_channel = bool(config.policy.per_channel) and config.scale is not None and config.scale.ndim == 1
-    if per_channel:
-        axis = config.channel_axis % weight.ndim
-        others = tuple(a for a in range(weight.ndim) if a != axis)
-        low, high = weight.min(axis=others), weight.max(axis=others)
-    else:
-        low, high = np.array(weight.min()), np.array(weight.max())
-    policy = config.policy
-    candidates, scores = [], []
-    for ratio in list(ratios) + [1.0]:
-        scale, offset = numerics.minmax_to_scale_offset(
-            low * ratio, high * ratio, config.quant_min, config.quant_max, symmetric=policy.symmetric,
-            power_of_2=policy.power_of_2, rounding=config.rounding)
-        scale, offset = np.asarray(scale, np.float32), np.asarray(offset, np.int64)
-        axis_view = config.channel_axis if per_channel else None
-        approx = numerics.fake_quantize(weight.astype(np.float32), scale, offset, config.quant_min,
-                                        config.quant_max, config.rounding, channel_axis=axis_view)
-        score = stat.channel_errors(as_groups(operation, approx.astype(np.float64))).reshape(-1)
-        candidates.append((scale, offset))
-        scores.append(score)
-    scores = np.array(scores)                                               # [ratios, channels]
-    before = float(scores[-1].sum())
-    if per_channel:
-        best = np.argmin(scores, axis=0)
-        scale = np.array([candidates[b][0][c] for c, b in enumerate(best)], np.float32)
-        offset = np.array([np.broadcast_to(candidates[b][1], candidates[b][0].shape)[c]
-                           for c, b in enumerate(best)], np.int64)
-        after = float(scores[best, np.arange(scores.shape[1])].sum())
-        chosen = [float(list(ratios)[b]) if b < len(ratios) else 1.0 for b in best]
-        ratio = float(np.mean(chosen))
-    else:
-        best = int(np.argmin(scores.sum(axis=1)))
-        scale, offset = candidates[best]
-        after = float(scores[best].sum())
-        ratio = float(list(ratios)[best]) if best < len(ratios) else 1.0
-    if after < before:
-        config.set_scale_offset(scale, offset)
-    return {"clip_ratio": ratio, "scale_changed": bool(after < before)}
-
-
-def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQuantizationConfig,
-                   steps: int = 500, lr: float = 3e-2, lam: float = 0.1, warmup: float = 0.2,
-                   beta: tuple = (20.0, 2.0), deadline: float = float("inf")) -> tuple[np.ndarray, dict]:
-    """Optimize the rounding of one layer; returns (weight as [G, O, K], facts).  At ``deadline`` (a
-    ``time.perf_counter()`` value) the iterations stop and the rounding reached so far is judged as at the end."""
-    rounder = _Rounder(operation, config)
-    nearest = _nearest(operation, config)
-    nearest_loss = stat.loss(nearest)
-    # the reconstruction term is divided by the nearest-rounding loss so that lam means the same in every layer
-    norm = 1.0 / max(nearest_loss, 1e-30)
-    m = np.zeros_like(rounder.v)
-    v2 = np.zeros_like(rounder.v)
-    b1, b2, eps = 0.9, 0.999, 1e-8
-    start = int(warmup * steps)
-    done = steps
-    for t in range(steps):
-        if t % 16 == 0 and time.perf_counter() >= deadline:
-            done = t
-            break
-        h, raw, sig = rounder.soft()
-        approx, inside = rounder.weight(h)
-        grad_w = stat.gradient(approx)
-        grad_h = grad_w * norm * rounder.scale * inside
-        if t >= start:
-            progress = (t - start) / max(1, steps - start)
-            b = beta[1] + (beta[0] - beta[1]) * (1.0 - progress)
-            centred = 2.0 * h - 1.0
-            grad_h += -lam * b * np.abs(centred) ** (b - 1.0) * np.sign(centred) * 2.0
-        grad_v = grad_h * (ZETA - GAMMA) * sig * (1.0 - sig) * ((raw > 0.0) & (raw < 1.0))
-        m = b1 * m + (1 - b1) * grad_v
-        v2 = b2 * v2 + (1 - b2) * grad_v * grad_v
-        rounder.v -= lr * (m / (1 - b1 ** (t + 1))) / (np.sqrt(v2 / (1 - b2 ** (t + 1))) + eps)
-    learned, _ = rounder.weight(rounder.hard())
-    learned_loss = stat.loss(learned)
-    h, _, _ = rounder.soft()
-    energy = max(stat.energy, 1e-30)
-    facts = {"nearest_loss": nearest_loss, "learned_loss": learned_loss,
-             "relative_nearest": nearest_loss * stat.rows / energy,
-             "relative_learned": learned_loss * stat.rows / energy,
-             "changed": float(np.mean(learned != nearest)),
-             "undecided": float(np.mean((h > 0.01) & (h < 0.99))), "rows": stat.rows, "steps_done": done}
-    return learned, facts
-
-
 class AdaroundPass(QuantizationOptimizationPass):
     """Learned rounding of Conv/Gemm weights, baked by the pass itself (see the module docstring).
 
@@ -262,7 +145,8 @@ class AdaroundPass(QuantizationOptimizationPass):
     ``scale_search``: search the weight range first; ``calib_batches``:
     batches to draw rows from (None: the pipeline's ``calib_steps``); ``time_budget_s``: seconds the pass
     may take from its start, or a TimeBudget shared with later passes (None: no limit): when they are spent the layers not yet done keep nearest
-    rounding (the baking pass rounds them), so the pass always leaves a valid graph.
+    rounding (the baking pass rounds them), so the pass always leaves a valid graph; ``backend`` 'local' or
+    'ray' and ``workers``: where the layers are rounded (see the module docstring).
     """
 
     name = "adaround"
@@ -270,7 +154,7 @@ class AdaroundPass(QuantizationOptimizationPass):
     def __init__(self, steps: int = 500, samples: int = 4096, lr: float = 3e-2, lam: float = 0.1,
                  warmup: float = 0.2, scale_search: bool = True, inputs: str = "quantized",
                  calib_batches: int | None = None, seed: int = 0, verbose: bool = True,
-                 time_budget_s: float | None = None):
+                 time_budget_s: float | None = None, backend: str = "local", workers: int = 2):
         if steps < 1 or samples < 1:
             raise ValueError("adaround needs steps >= 1 and samples >= 1")
         if inputs not in ("quantized", "float"):
@@ -280,6 +164,7 @@ class AdaroundPass(QuantizationOptimizationPass):
         self.scale_search = bool(scale_search)
         self.calib_batches, self.seed, self.verbose = calib_batches, seed, verbose
         self.time_budget_s = time_budget_s
+        self.backend, self.workers = backend, workers
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
@@ -318,14 +203,26 @@ class AdaroundPass(QuantizationOptimizationPass):
         capture_seconds = time.perf_counter() - started
         peak = sum(s.nbytes for s in stats.values())
         layers, budget_spent = [], False
-        for name in tqdm(list(stats), desc="adaround layers", disable=not self.verbose, leave=False):
-            stat = stats.pop(name)  # freed once its layer is done
+        items = []
+        for name, stat in stats.items():
             if stat.rows == 0:
                 skipped.append({"op": name, "reason": "not reached by the calibration data"})
-            elif budget_spent or (budget_spent := time.perf_counter() >= deadline):
-                skipped.append({"op": name, "reason": f"time budget of {self.time_budget_s} s spent"})
             else:
-                layers.append(self._round_layer(graph.operations[name], stat, deadline))
+                stat.finish()
+                items.append((name, stat))
+        stats.clear()   # (the items hold them; each is freed once its layer is done)
+        job = RoundingJob(graph, self.steps, self.lr, self.lam, self.warmup, self.scale_search,
+                          RoundingJob.wall_time_of(deadline), progress=self.verbose and self.backend == "local")
+        chunks = longest_first_chunks([layer_cost(stat) for _, stat in items], self.workers) \
+            if self.backend == "ray" else None
+        mapped = map_items(round_layers, job, items, self.backend, self.workers, chunks=chunks)
+        for (name, _), result in zip(items, mapped.results):
+            if result is None:
+                budget_spent = True
+                seconds = TimeBudget.of(self.time_budget_s).seconds
+                skipped.append({"op": name, "reason": f"time budget of {seconds} s spent"})
+            else:
+                layers.append(self._bake_layer(graph.operations[name], result))
         improved = [f for f in layers if f["kept_learned"]]
         return {"layers": len(layers), "improved": len(improved), "batches": batches, "steps": self.steps,
                 "samples": self.samples, "scale_search": self.scale_search, "inputs": self.inputs,
@@ -334,23 +231,19 @@ class AdaroundPass(QuantizationOptimizationPass):
                 "mean_relative_error_learned": float(np.mean([min(f["relative_learned"], f["relative_nearest"])
                                                               for f in layers])) if layers else 0.0,
                 "skipped": len(skipped), "time_budget_s": TimeBudget.of(self.time_budget_s).seconds, "budget_spent": budget_spent,
+                "backend": self.backend, **mapped.report(),
                 "layer_details": layers, "skipped_ops": skipped}
 
-    def _round_layer(self, operation: Operation, stat: LayerStatistics, deadline: float = float("inf")) -> dict:
+    @staticmethod
+    def _bake_layer(operation: Operation, result: dict) -> dict:
+        """Write one layer's rounding (``adaround_rounding.round_layer``'s result) into its weight config:
+        the searched range, the rounded weight baked; its facts (but for the seconds) into the detail."""
         config = input_config(operation, 1)
-        stat.finish()
-        begin = time.perf_counter()
-        searched = search_weight_scale(stat, operation, config) if self.scale_search else {}
-        learned, facts = learn_rounding(stat, operation, config, self.steps, self.lr, self.lam, self.warmup,
-                                        deadline=deadline)
-        kept = facts["learned_loss"] <= facts["nearest_loss"]
-        weight = learned if kept else _nearest(operation, config)
-        value = from_groups(operation, weight, operation.inputs[1].value.shape)
-        config.baked_value = value.astype(np.float32)
+        if result["scale"] is not None:
+            config.set_scale_offset(result["scale"], result["offset"])
+        config.baked_value = result["value"]
         config.state = S.BAKED
-        facts.update(searched)
-        facts.update({"op": operation.name, "kept_learned": bool(kept),
-                      "seconds": round(time.perf_counter() - begin, 3)})
+        facts = result["facts"]
         config.detail["adaround"] = {k: (round(v, 8) if isinstance(v, float) else v) for k, v in facts.items()
-                                     if k != "op"}
+                                     if k not in ("op", "seconds")}
         return facts

@@ -59,7 +59,7 @@ class LayerStatistics:
     """
 
     def __init__(self, operation: Operation):
-        self.operation = operation
+        self.name = operation.name                # (not the operation: statistics travel to workers alone)
         self.weight = as_groups(operation, operation.inputs[1].value.astype(np.float64))   # [G, O, K]
         self.groups, self.out, self.k = self.weight.shape
         self.rows = 0
@@ -90,6 +90,10 @@ class LayerStatistics:
         """Use the Gram form when it is the cheaper one for the optimization."""
         if self.gram is None and self.rows and 2 * self.rows > self.k:
             self._to_gram()
+
+    def release(self) -> None:
+        """Free the rows, the Gram matrix and their float32 copy (the layer is done; ``rows`` stays)."""
+        self.x_rows, self.gram, self._single = [], None, None
 
     @property
     def nbytes(self) -> int:
