@@ -273,8 +273,7 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
             self._policy, self._bits, self._channel_axis = grid._policy, grid._bits, grid._channel_axis
             self._float_format = grid._float_format
             self._qmin, self._qmax = grid._qmin, grid._qmax
-            if grid._float_format is not None:   # a float grid's casts round half to even, whatever own policy
-                self._rounding = grid._rounding
+            self._rounding = grid._rounding if grid._float_format is not None else self._rounding
         self._scale, self._offset = scale, offset
         self._masters = ()
         self._state = state
@@ -315,9 +314,7 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
         return scale, offset, grid._qmin, grid._qmax, axis
 
     def _float_grid(self):
-        """The float format of a float grid (its rounding and offset checked), or None.  A config that follows
-        a master's grid rounds as that grid does (a float grid's casts round half to even, whatever the
-        follower's own policy, e.g. TPU-MLIR's int8 half away from zero, says)."""
+        """The float format of a float grid (its rounding, the grid's own, and offset checked), or None."""
         grid = self._grid()
         return checked_float_format(grid._float_format, grid._rounding, self._resolve()[1], self._who())
 
