@@ -29,6 +29,7 @@ from .io.import_quantized import import_quantized
 from .io.load import is_imported, load_graph as _load_graph
 from .optim.recipe import (apply_recipe, build_pipeline, build_weight_only_pipeline, effective_setting,
                            format_for_quantization, resolve_policy)
+from .optim.passes.sensitivity import measured_batches, sample_count
 from .optim.setting import QuantizationSetting, QuantizationSettingFactory
 from .platforms.dispatch import dispatch_graph as _dispatch_graph
 from .platforms.quantizer import PlatformQuantizer
@@ -140,17 +141,34 @@ class _BatchRange:
         return None if shard is None else shard(self.start + start, min(self.start + stop, self.stop))
 
 
-#: with at least this many calibration batches (and no accuracy target), the last one is held aside for the
-#: verdict and the protection of sensitive layers
+#: with at least this many calibration batches (and no accuracy target), the last ones are held aside for the
+#: verdict and the protection of sensitive layers: as many as hold ``MEASURED_SAMPLES`` samples, at most a
+#: quarter of the batches (a detector calibrated image by image: 2 of 8 images, not 1)
 HOLD_ASIDE_FROM = 4
+MEASURED_SAMPLES = 16
+
+
+def _batches_for_measures(batches: "_CheckedBatches", total: int) -> int:
+    """Batches to hold aside for ``MEASURED_SAMPLES`` samples; the batch size is read from the user's first
+    batch where the data is a list or tuple (one batch held aside otherwise)."""
+    data = batches.dataloader
+    if not isinstance(data, (list, tuple)) or not data:
+        return 1
+    try:
+        first = data[0] if batches.collate_fn is None else batches.collate_fn(data[0])
+        per_batch = sample_count(batches._check(first))
+    except Exception:     # a bad batch is reported by calibration, where it is read
+        return 1
+    return max(1, min(total // HOLD_ASIDE_FROM, -(-MEASURED_SAMPLES // max(1, per_batch))))
 
 
 def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
     """(calibration batches, their count, held-aside batches or None): with an accuracy target, the last
     ``mixed_precision_batches`` of the calibration data are held aside from calibration and the target is
-    measured on them; without one, the last batch when there are ``HOLD_ASIDE_FROM`` or more (the verdict
-    and the protection pass measure on it).  When the data's length is unknown or too short, nothing is
-    held aside (those measures then run on calibration batches, and their reports say so)."""
+    measured on them; without one, when there are ``HOLD_ASIDE_FROM`` batches or more, the last ones that
+    hold ``MEASURED_SAMPLES`` samples, at most a quarter of them (the verdict and the protection pass measure
+    on them).  When the data's length is unknown or too short, nothing is held aside (those measures then run
+    on calibration batches, and their reports say so)."""
     held = setting.mixed_precision_batches if setting.accuracy_target is not None else 1
     try:
         available = len(batches)
@@ -161,6 +179,8 @@ def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
         return batches, calib_steps, None
     if total <= held or (setting.accuracy_target is None and total < HOLD_ASIDE_FROM):
         return batches, calib_steps, None
+    if setting.accuracy_target is None:
+        held = _batches_for_measures(batches, total)
     return _BatchRange(batches, 0, total - held), total - held, _BatchRange(batches, total - held, total)
 
 
@@ -241,9 +261,10 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
                                   bodies=any(has_bodies(op) for op in graph.operations.values()))
     records = pipeline.optimize(graph, verbose=verbose, executor=executor, dataloader=batches,
                                 calib_steps=calib_steps, collate_fn=None, held_aside=held_aside)
-    verdict_batch = next(iter(held_aside)) if held_aside is not None else checked.first
-    verdict = None if verdict_batch is None else quantization_verdict(graph, executor, verdict_batch,
-                                                                      held_aside=held_aside is not None)
+    source = held_aside if held_aside is not None else [checked.first] if checked.first is not None else None
+    verdict = None if source is None else quantization_verdict(graph, executor,
+                                                               measured_batches(source, MEASURED_SAMPLES),
+                                                               held_aside=held_aside is not None)
     graph.metadata["quantization"] = {
         **graph.metadata.get("quantization", {}),  # what passes recorded (mixed_precision_fp32_ops)
         "platform": platform.name, "setting": setting.to_dict(), "dispatch": summary,

@@ -160,3 +160,30 @@ def test_a_log_power_front_end_moves_to_fp32_where_16_bits_do_not_hold_it(tmp_pa
     exported = onnx.load(api.export_ppq_graph(graph, "ORT_INT8", tmp_path / "m.onnx")[0])
     cosine = float(np.mean(sample_cosines(run_onnxruntime(exported, {"x": x}), run_onnxruntime(model, {"x": x}))))
     assert cosine > 0.99 and graph.metadata["quantization"]["verdict"]["ok"], (cosine, report)
+
+
+@pytest.mark.parametrize("batches,size,held", [(5, 16, 1), (16, 1, 4), (8, 1, 2), (8, 4, 2), (3, 1, 0)])
+def test_enough_samples_are_held_aside_whatever_the_batch_size(batches, size, held):
+    """One batch of 16 is held aside as before; image-by-image data holds aside as many batches as make 16
+    samples, at most a quarter of them (none below HOLD_ASIDE_FROM batches), and the protection and the
+    verdict measure on all of them."""
+    setting = QuantizationSettingFactory.for_platform("TRT_INT8")
+    setting.recipe, setting.protection = "plain", True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = api.quantize_onnx_model(_spread_model(), _data(batches, size), platform="TRT_INT8", setting=setting)
+    record = graph.metadata["quantization"]
+    report = next(p["report"] for p in record["passes"] if p["name"] == "protection")
+    assert report["held_aside"] == bool(held) and record["verdict"]["held_aside"] == bool(held)
+    if held:
+        assert report["samples"] == record["verdict"]["samples"] == held * size
+    else:   # on the calibration batches (up to 16 samples); the verdict on the first one
+        assert report["samples"] == min(16, batches * size) and record["verdict"]["samples"] == min(16, size)
+    assert report["batches"] == (held or min(batches, -(-16 // size)))
+
+
+def test_a_batch_whose_inputs_share_no_leading_axis_is_one_sample():
+    from ppqlike.optim.passes.sensitivity import sample_count
+    assert sample_count(np.zeros((5, 3))) == 5 and sample_count({"a": np.zeros((4, 2)), "b": np.zeros(4)}) == 4
+    assert sample_count({"chunks": np.zeros((62, 576)), "state": np.zeros((2, 1, 128))}) == 1
+    assert sample_count([np.zeros((3, 2)), np.array(7)]) == 1

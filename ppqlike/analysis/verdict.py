@@ -22,7 +22,7 @@ from ..core.ir import Graph
 from ..executor import NumpyExecutor
 from ..executor.simulation import dequantized
 from ..optim.passes.precision_moves import find_units
-from ..optim.passes.sensitivity import AloneRunner, leading_samples, sample_cosines
+from ..optim.passes.sensitivity import AloneRunner, sample_cosines
 
 VERDICT_THRESHOLD = 0.98
 
@@ -31,18 +31,18 @@ class QuantizationQualityWarning(UserWarning):
     """The quantized model's outputs are far from the FP32 model's on held-aside calibration samples."""
 
 
-def quantization_verdict(graph: Graph, executor: NumpyExecutor, batch, held_aside: bool,
-                         threshold: float = VERDICT_THRESHOLD, samples: int = 16, worst: int = 5) -> dict:
-    """The output cosine of ``graph`` against FP32 on ``batch`` (at most ``samples`` samples) and, below
-    ``threshold``, the ``worst`` ops and advice, also issued as a :class:`QuantizationQualityWarning`."""
+def quantization_verdict(graph: Graph, executor: NumpyExecutor, batches: list, held_aside: bool,
+                         threshold: float = VERDICT_THRESHOLD, worst: int = 5) -> dict:
+    """The output cosine of ``graph`` against FP32 on ``batches`` (``sensitivity.measured_batches``: the
+    held-aside samples) and, below ``threshold``, the ``worst`` ops and advice, also issued as a
+    :class:`QuantizationQualityWarning`."""
     started = time.perf_counter()
-    batch = leading_samples(batch, samples)
-    quantized = executor.forward(batch)
+    quantized = [executor.forward(batch) for batch in batches]
     with dequantized(graph):
-        reference = executor.forward(batch)
-    finite = all(np.isfinite(np.asarray(value, np.float64)).all() for value in quantized
+        references = [executor.forward(batch) for batch in batches]
+    finite = all(np.isfinite(np.asarray(value, np.float64)).all() for outputs in quantized for value in outputs
                  if np.asarray(value).dtype.kind == "f")
-    cosines = sample_cosines(quantized, reference)
+    cosines = np.concatenate([sample_cosines(q, r) for q, r in zip(quantized, references)])
     cosine = float(np.mean(cosines)) if finite else float("nan")
     verdict = {"output_cosine": None if cosine != cosine else round(cosine, 6), "finite_outputs": finite,
                "worst_sample_cosine": round(float(np.min(cosines)), 6) if finite else None,
@@ -51,9 +51,9 @@ def quantization_verdict(graph: Graph, executor: NumpyExecutor, batch, held_asid
         verdict["seconds"] = round(time.perf_counter() - started, 3)
         return verdict
     runner = AloneRunner(graph, executor)
-    cached = runner.cache(batch)
-    ranked = sorted(((runner.local_error(unit, cached), unit) for unit in find_units(graph)),
-                    key=lambda item: -item[0])[:worst]
+    cached = [runner.cache(batch) for batch in batches]
+    ranked = sorted(((sum(runner.local_error(unit, c) for c in cached) / len(cached), unit)
+                     for unit in find_units(graph)), key=lambda item: -item[0])[:worst]
     names = [unit[-1].name for _, unit in ranked]
     verdict.update({"ok": False, "worst_ops": [{"op": unit[-1].name, "type": unit[-1].type,
                                                 "relative_error": round(error, 6)} for error, unit in ranked]})

@@ -5,10 +5,10 @@ A default has to hold on every family: a quantized Log input, the first depthwis
 spectrogram.  This pass finds such layers cheaply, on calibration data, and moves them to the platform's
 higher precision.
 
-Measure.  On ``samples`` calibration samples (the held-aside batch when ``quantize_onnx_model`` keeps
-one), the output error e = 1 - cosine (mean per sample, outputs averaged) of the quantized graph, e_all,
-and of each fused unit quantized alone, everything else float (:class:`.sensitivity.AloneRunner`: a
-partial forward per unit), e_alone.
+Measure.  On ``samples`` calibration samples (the batches ``quantize_onnx_model`` holds aside, as many as
+hold that many samples), the output error e = 1 - cosine (mean per sample, outputs averaged) of the quantized
+graph, e_all, and of each fused unit quantized alone, everything else float
+(:class:`.sensitivity.AloneRunner`: a partial forward per unit), e_alone.
 
 Threshold.  A unit is a candidate when e_alone >= max(``floor``, ``share`` x e_all): quantized alone it
 already costs a quarter (``share``) of what the whole quantized graph costs, where a network of N units
@@ -46,10 +46,10 @@ import numpy as np
 from ...core.ir import Graph
 from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
-from ..base import QuantizationOptimizationPass, iterate_calibration
+from ..base import QuantizationOptimizationPass
 from .precision_moves import (can_widen, find_units, move_to_float_format, move_to_fp32, move_to_wider_grid, reader_units, restore,
                               snapshot, with_pass_through_readers)
-from .sensitivity import AloneRunner, leading_samples, output_cosine, sample_cosines
+from .sensitivity import AloneRunner, measured_batches, output_cosine, sample_cosines, sample_count
 
 
 class LayerProtectionPass(QuantizationOptimizationPass):
@@ -71,13 +71,13 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         started = time.perf_counter()
         executor = executor or NumpyExecutor(graph)
         source = held_aside if held_aside is not None else dataloader
-        batch = leading_samples(next(iter(iterate_calibration(source, 1, collate_fn, "protection data", False))),
-                         self.samples)
+        batches = measured_batches(source, self.samples, collate_fn, "protection data")
         with dequantized(graph):
-            reference = executor.forward(batch)
+            references = [executor.forward(batch) for batch in batches]
 
         def error() -> float:
-            value = float(1.0 - np.mean(sample_cosines(executor.forward(batch), reference)))
+            value = float(1.0 - np.mean(np.concatenate([sample_cosines(executor.forward(batch), reference)
+                                                        for batch, reference in zip(batches, references)])))
             return 1.0 if value != value else value   # NaN outputs: as far from FP32 as it gets
 
         initial = current = error()
@@ -86,12 +86,13 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         runner = AloneRunner(graph, executor)
         candidates = []
         if initial >= self.floor:   # below it nothing is wrecked: no search
-            cached = runner.cache(batch)
-            local = sorted(((runner.local_error(unit, cached), index) for index, unit in enumerate(units)),
-                           reverse=True)
+            cached = [runner.cache(batch) for batch in batches]
+            local = sorted(((sum(runner.local_error(unit, c) for c in cached), index)
+                            for index, unit in enumerate(units)), reverse=True)
             for _, index in local[:self.measured_units]:
                 unit = units[index]
-                alone = 1.0 - output_cosine(runner.quantize_alone(unit, cached), reference)
+                alone = 1.0 - float(np.mean([output_cosine(runner.quantize_alone(unit, c), reference)
+                                             for c, reference in zip(cached, references)]))
                 alone = 1.0 if alone != alone else alone
                 if alone >= threshold:
                     candidates.append((alone, unit))
@@ -117,6 +118,7 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         names = [name for entry in protected for name in entry["ops"]]
         graph.metadata.setdefault("quantization", {})["protected_ops"] = names
         report = {"initial_error": round(initial, 6), "held_aside": held_aside is not None,
+                  "batches": len(batches), "samples": sum(sample_count(batch) for batch in batches),
                   "threshold": round(threshold, 6), "candidates": len(candidates), "units": len(units),
                   "protected": protected, "final_error": round(current, 6),
                   "seconds": round(time.perf_counter() - started, 3)}

@@ -7,11 +7,14 @@ downstream of a unit with that unit quantized (everything else float): a unit co
 
 from __future__ import annotations
 
+from typing import Callable, Iterable
+
 import numpy as np
 
 from ...core.ir import Graph, Operation
 from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
+from ..base import iterate_calibration
 
 
 # ------------------------------------------------------------------ metrics
@@ -67,10 +70,31 @@ def leading_samples(batch, samples: int):
 
 
 def sample_count(batch) -> int:
-    """The samples in a batch (the leading axis of its first array)."""
-    first = next(iter(batch.values())) if isinstance(batch, dict) else \
-        batch[0] if isinstance(batch, (list, tuple)) else batch
-    return int(np.shape(first)[0]) if np.ndim(first) else 1
+    """The samples in a batch: the leading axis its inputs share; 1 when they share none (the batch is one
+    sample: a clip of a stateful model with its state inputs, a Loop's inputs)."""
+    if isinstance(batch, dict):
+        shapes = [np.shape(value) for value in batch.values()]
+    elif isinstance(batch, (list, tuple)):
+        shapes = [np.shape(value) for value in batch]
+    else:
+        shapes = [np.shape(batch)]
+    if not shapes or not all(shapes) or len({shape[0] for shape in shapes}) > 1:
+        return 1
+    return int(shapes[0][0])
+
+
+def measured_batches(source: Iterable, samples: int, collate_fn: Callable | None = None,
+                     description: str = "measurement data") -> list:
+    """The first batches of ``source`` holding ``samples`` samples (the last one cut to fit, where its inputs
+    share a leading axis): what the protection and the verdict measure on, whatever the batch size."""
+    batches, count = [], 0
+    for batch in iterate_calibration(source, None, collate_fn, description, False):
+        batch = leading_samples(batch, samples - count)
+        batches.append(batch)
+        count += sample_count(batch)
+        if count >= samples:
+            break
+    return batches
 
 
 # ---------------------------------------------------------------- running
