@@ -29,7 +29,7 @@ from ...executor.simulation import dequantized
 from ..base import CollatedShard, QuantizationOptimizationPass, iterate_calibration
 from ..distributed import file_shards, observe_on_ray, split_into_shards
 from ..observers import ChoiceObserver, make_observer
-from .sensitivity import leading_samples, sample_cosines, sample_count
+from .sensitivity import measured_batches, sample_cosines, sample_count
 from .threshold_search import search_thresholds
 
 S = QuantizationStates
@@ -175,14 +175,8 @@ CHOICE_SAMPLES = 64
 def _choice_batches(held_aside, first_batches: list) -> list:
     """Up to CHOICE_SAMPLES samples: the held-aside calibration batches, then the first calibration batches
     (a choice between two estimators does not overfit the samples it is made on)."""
-    batches, count = [], 0
-    for batch in [*(held_aside if held_aside is not None else ()), *first_batches]:
-        if count >= CHOICE_SAMPLES:
-            break
-        batch = leading_samples(batch, CHOICE_SAMPLES - count)
-        batches.append(batch)
-        count += sample_count(batch)
-    return batches
+    candidates = [*(held_aside if held_aside is not None else ()), *first_batches]
+    return measured_batches(candidates, CHOICE_SAMPLES, description="observer choice data") if candidates else []
 
 
 def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, held_aside, first_batches,
