@@ -95,7 +95,7 @@ def test_platform_policies_follow_their_targets():
     lookup table (quantized in and out) and keeps LayerNorm (F16) and Softmax (F32) in float."""
     trt, ort, tpu = (PLATFORM_POLICIES[TargetPlatform.parse(name)].transformer
                      for name in ("TRT_INT8", "ORT_INT8", "TPU_INT8"))
-    assert trt.as_dict() == {"LayerNorm": "float", "Gelu": "float", "Softmax": "float",
+    assert trt.as_dict() == {"LayerNorm": "float", "Gelu": "float", "Activation": "float", "Softmax": "float",
                              "AttentionMatMul": "quantize", "ResidualAdd": "float", "Embedding": "float"}
     assert ort.residual_add == "quantize" and ort.softmax == "float" and ort.layer_norm == "float"
     assert tpu.gelu == "quantize" and tpu.softmax == "float" and tpu.layer_norm == "float"

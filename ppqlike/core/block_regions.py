@@ -276,6 +276,26 @@ def _elementwise(function: Callable) -> Callable:
     return lambda operation, values, probe: function(*values)
 
 
+def _clip(operation: Operation, values: list, probe: _Probe) -> np.ndarray:
+    """Clip with its bounds from the constant inputs (opset 11+) or the attributes (opset 6)."""
+    bounds = []
+    for slot, attribute, default in ((1, "min", -np.inf), (2, "max", np.inf)):
+        variable = operation.inputs[slot] if len(operation.inputs) > slot else None
+        if variable is not None:
+            value = constant_value(variable)
+            if value is None:
+                raise ProbeError(f"{operation.name}: a bound computed at run time")
+            bounds.append(float(value.reshape(-1)[0]))
+        else:
+            bounds.append(float(operation.attributes.get(attribute, default)))
+    return np.clip(values[0], *bounds)
+
+
+def _hard_sigmoid(operation: Operation, values: list, probe: _Probe) -> np.ndarray:
+    alpha, beta = operation.attributes.get("alpha", 0.2), operation.attributes.get("beta", 0.5)
+    return np.clip(alpha * values[0] + beta, 0.0, 1.0)
+
+
 _REDUCTIONS = frozenset({"ReduceMean", "ReduceSum"})
 #: Ops that move or retype values without computing: a region neither starts nor ends with one (the reshape
 #: before or after a block is the strategy's business, not the block's).
@@ -288,11 +308,14 @@ _KERNELS: Mapping[str, Callable] = {
     "Tanh": _elementwise(np.tanh), "Erf": _elementwise(_erf), "Sigmoid": _elementwise(lambda x: 1 / (1 + np.exp(-x))),
     "Max": _elementwise(lambda *v: np.maximum.reduce(np.broadcast_arrays(*v))),
     "Min": _elementwise(lambda *v: np.minimum.reduce(np.broadcast_arrays(*v))),
+    "Exp": _elementwise(np.exp), "Log": _elementwise(np.log),
+    "Softplus": _elementwise(lambda x: np.logaddexp(0.0, x)),
+    "Relu": _elementwise(lambda x: np.maximum(x, 0.0)), "Clip": _clip, "HardSigmoid": _hard_sigmoid,
     "Identity": _elementwise(lambda x: x), "Cast": _cast,
     "ReduceMean": _reduce(np.mean), "ReduceSum": _reduce(np.sum),
     "Reshape": _reshape, "Expand": _expand, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze}
 
-#: The op types a region may hold: the ones LayerNorms and GELUs are written with.
+#: The op types a region may hold: the ones LayerNorms, GELUs and activations are written with.
 PROBED_TYPES = frozenset(_KERNELS)
 
 

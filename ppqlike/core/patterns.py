@@ -8,6 +8,8 @@
   is a LayerNorm for the policies: every target that runs LayerNorm in float (or F16) runs RMSNorm so too;
 * ``Gelu`` — the ``Gelu`` op, or any spelling of its erf, tanh or sigmoid (quick GELU) form
   (:mod:`ppqlike.core.block_gelu`);
+* ``Activation`` — a pointwise activation written out as several ops: HardSwish, SiLU or Mish
+  (:mod:`ppqlike.core.block_activation`; the single ops are ops like any other);
 * ``Softmax`` — the ``Softmax`` op;
 * ``AttentionMatMul`` — a MatMul of two activations (Q K^T, probabilities x V);
 * ``ResidualAdd`` — an Add of two activations on the residual stream: one of its inputs, or its result, is what
@@ -22,16 +24,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .block_activation import activation_match
 from .block_gelu import gelu_match
 from .block_norms import norm_match
 from .ir import Graph, Operation, Variable
 
-__all__ = ["Block", "BLOCK_KINDS", "find_transformer_blocks", "LAYER_NORM", "GELU", "SOFTMAX",
+__all__ = ["Block", "BLOCK_KINDS", "find_transformer_blocks", "LAYER_NORM", "GELU", "ACTIVATION", "SOFTMAX",
            "ATTENTION_MATMUL", "RESIDUAL_ADD", "EMBEDDING"]
 
-LAYER_NORM, GELU, SOFTMAX = "LayerNorm", "Gelu", "Softmax"
+LAYER_NORM, GELU, ACTIVATION, SOFTMAX = "LayerNorm", "Gelu", "Activation", "Softmax"
 ATTENTION_MATMUL, RESIDUAL_ADD, EMBEDDING = "AttentionMatMul", "ResidualAdd", "Embedding"
-BLOCK_KINDS = (LAYER_NORM, GELU, SOFTMAX, ATTENTION_MATMUL, RESIDUAL_ADD, EMBEDDING)
+BLOCK_KINDS = (LAYER_NORM, GELU, ACTIVATION, SOFTMAX, ATTENTION_MATMUL, RESIDUAL_ADD, EMBEDDING)
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ class Block:
     """One transformer block: its ``kind``, its op names in order, what it reads and what it writes.
 
     ``form`` says how it is written: ``op`` (one ONNX op), ``layer_norm`` or ``rms_norm`` (a LayerNorm
-    written out), ``erf``, ``tanh`` or ``sigmoid`` (a GELU written out), empty for single-op kinds.
+    written out), ``erf``, ``tanh`` or ``sigmoid`` (a GELU written out), ``hard_swish``, ``silu`` or ``mish``
+    (an activation written out), empty for single-op kinds.
     ``affine`` names the constants that scale a norm's result per channel (gamma and beta; gamma alone for an
     RMSNorm): dividing them all by s divides the result by s (what SmoothQuant needs).
     """
@@ -63,7 +67,7 @@ def find_transformer_blocks(graph: Graph) -> list[Block]:
     taken: set[str] = set()
     order = graph.topological_sort()
     graph_outputs = {variable.name for variable in graph.outputs}
-    for finder in (_layer_norm, _gelu):
+    for finder in (_layer_norm, _gelu, _activation):
         for operation in order:
             if operation.name not in taken:
                 block = finder(operation, taken, graph_outputs)
@@ -107,6 +111,10 @@ def _gelu(operation: Operation, taken: set[str], graph_outputs: set[str]) -> Blo
     if operation.type == "Gelu":
         return Block(GELU, (operation.name,), operation.inputs[0].name, operation.outputs[0].name, "op")
     return _written_out(GELU, gelu_match(operation, taken, graph_outputs))
+
+
+def _activation(operation: Operation, taken: set[str], graph_outputs: set[str]) -> Block | None:
+    return _written_out(ACTIVATION, activation_match(operation, taken, graph_outputs))
 
 
 # ------------------------------------------------------------------ single ops

@@ -74,7 +74,8 @@ class TransformerPolicy:
     """What a platform does with each kind of transformer block (values from :data:`BLOCK_TREATMENTS`).
 
     ``layer_norm`` covers RMSNorm too (a LayerNorm block of form ``rms_norm``), and ``gelu`` every form of GELU
-    (erf, tanh, quick): the targets treat them alike."""
+    (erf, tanh, quick) and the activations written out as several ops (an ``Activation`` block: HardSwish, SiLU,
+    Mish): the targets treat these pointwise functions alike."""
 
     layer_norm: str = "float"
     gelu: str = "quantize"
@@ -90,8 +91,8 @@ class TransformerPolicy:
                                     f"{', '.join(BLOCK_TREATMENTS)}")
 
     def treatment(self, kind: str) -> str:
-        """The treatment of a block kind ('LayerNorm', 'Gelu', 'Softmax', 'AttentionMatMul', 'ResidualAdd',
-        'Embedding')."""
+        """The treatment of a block kind ('LayerNorm', 'Gelu', 'Activation', 'Softmax', 'AttentionMatMul',
+        'ResidualAdd', 'Embedding')."""
         return getattr(self, _BLOCK_FIELDS[kind])
 
     def as_dict(self) -> dict[str, str]:
@@ -99,7 +100,7 @@ class TransformerPolicy:
         return {kind: getattr(self, name) for kind, name in _BLOCK_FIELDS.items()}
 
 
-_BLOCK_FIELDS = {"LayerNorm": "layer_norm", "Gelu": "gelu", "Softmax": "softmax",
+_BLOCK_FIELDS = {"LayerNorm": "layer_norm", "Gelu": "gelu", "Activation": "gelu", "Softmax": "softmax",
                  "AttentionMatMul": "attention_matmul", "ResidualAdd": "residual_add", "Embedding": "embedding"}
 
 
