@@ -25,8 +25,11 @@ from ppqlike.core.subgraphs import walk
 bench = bench_script("control_flow", sibling_imports=True)   # it imports bench/recurrent.py
 pytestmark = pytest.mark.real_model
 CONTROL = {"silero_vad_if": "If", "slanet": "Loop"}
-#: model -> (calibration inputs, held-out inputs)
-SIZES = {"silero_vad_if": (4, 3), "slanet": (3, 2)}
+#: model -> (calibration inputs, held-out inputs).  SLANet takes 8: with fewer than 4 calibration batches nothing
+#: is held aside, so the range choice, the protection and the verdict are measured on the calibration inputs
+#: themselves, and its greedy 501-step decoder flips a structure token on unseen tables (TPU_INT8 on 3 inputs:
+#: held-out output cosines 0.985 / 0.956; on 8, two held aside: 0.998 / 0.997 over 6 held-out tables).
+SIZES = {"silero_vad_if": (4, 3), "slanet": (8, 2)}
 
 
 def _require(name: str):
