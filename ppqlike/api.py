@@ -124,16 +124,50 @@ __all__ = ["BaseGraph", "ENABLE_CUDA_KERNEL", "PPQ_CONFIG", "QuantizationSetting
 
 
 class _BatchRange:
-    """Batches ``start`` to ``stop`` (exclusive) of a re-iterable dataloader."""
+    """Batches ``start`` to ``stop`` (exclusive) of a re-iterable dataloader.
 
-    def __init__(self, dataloader: Iterable, start: int, stop: int):
+    A range that ``keep``s its batches holds them once read (the held-aside batches: a few, measured on by the
+    observer choice, the protection and the verdict).  A range with a ``tail`` (the range right after it) reads
+    the tail's batches into it when its own reading ends, from the same pass over the data: a lazy loader
+    (JPEGs decoded per batch) is read once, not once more per reader of the held-aside batches.  A range not at
+    the start of data that reads its own shards (a CalibrationFolder) reads just its batches."""
+
+    def __init__(self, dataloader: Iterable, start: int, stop: int, keep: bool = False,
+                 tail: "_BatchRange | None" = None):
         self.dataloader, self.start, self.stop = dataloader, start, stop
+        self.keep, self.tail = keep, tail
+        self.kept: list | None = None
 
     def __len__(self):
         return self.stop - self.start
 
     def __iter__(self):
-        return itertools.islice(self.dataloader, self.start, self.stop)
+        return iter(self.kept) if self.kept is not None else self._read()
+
+    def _read(self):
+        shard = self.calibration_shard(0, len(self)) if self.start else None
+        if shard is not None:   # the data reads its own range (a folder: those files alone)
+            batches = iter(shard)
+        else:
+            batches = iter(self.dataloader)
+            for _ in itertools.islice(batches, self.start):
+                pass
+        kept = []
+        for index, batch in enumerate(itertools.islice(batches, len(self))):
+            if self.keep:
+                kept.append(batch)
+            if index == len(self) - 1:   # before the last is handed over: a reader may stop after it
+                self._read_tail(batches)
+            yield batch
+        if self.keep and len(kept) == len(self):
+            self.kept = kept
+
+    def _read_tail(self, batches) -> None:
+        tail = self.tail
+        if tail is not None and tail.keep and tail.kept is None and tail.start == self.stop:
+            after = list(itertools.islice(batches, len(tail)))
+            if len(after) == len(tail):
+                tail.kept = after
 
     def calibration_shard(self, start: int, stop: int):
         """Batches ``start`` to ``stop`` of this range, read by the dataloader's shard reader (None: none)."""
@@ -181,7 +215,8 @@ def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
         return batches, calib_steps, None
     if setting.accuracy_target is None:
         held = _batches_for_measures(batches, total)
-    return _BatchRange(batches, 0, total - held), total - held, _BatchRange(batches, total - held, total)
+    held_aside = _BatchRange(batches, total - held, total, keep=True)
+    return _BatchRange(batches, 0, total - held, tail=held_aside), total - held, held_aside
 
 
 def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_steps: int | None = None,

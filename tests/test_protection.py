@@ -187,3 +187,42 @@ def test_a_batch_whose_inputs_share_no_leading_axis_is_one_sample():
     assert sample_count(np.zeros((5, 3))) == 5 and sample_count({"a": np.zeros((4, 2)), "b": np.zeros(4)}) == 4
     assert sample_count({"chunks": np.zeros((62, 576)), "state": np.zeros((2, 1, 128))}) == 1
     assert sample_count([np.zeros((3, 2)), np.array(7)]) == 1
+
+
+class _CountingLoader:
+    """A re-iterable dataloader that makes each batch when asked (as a loader decoding JPEGs does) and counts
+    what it makes."""
+
+    def __init__(self, batches: list):
+        self.batches, self.made = batches, 0
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        for batch in self.batches:
+            self.made += 1
+            yield batch.copy()
+
+
+@pytest.mark.parametrize("recipe", ["balanced", "plain"])
+def test_a_lazy_loader_is_read_once(recipe):
+    """The observer choice, the protection and the verdict all measure on the held-aside batches; they are
+    read in the same pass as the calibration batches and kept, not read again through the whole loader by each
+    (bench/run.py: 792 JPEGs decoded for 200 calibration images before).  The configs are those of the same
+    batches given as a list."""
+    model, data = _spread_model(), _data(6, 16)   # batches of 16: one held aside, as from a list
+    loader = _CountingLoader(data)
+    setting = QuantizationSettingFactory.for_platform("ORT_INT8")
+    setting.recipe = recipe
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = api.quantize_onnx_model(model, loader, platform="ORT_INT8", setting=setting)
+        listed = api.quantize_onnx_model(model, tuple(data), platform="ORT_INT8", setting=setting)
+    assert loader.made == len(data), loader.made
+    assert graph.metadata["quantization"]["verdict"]["held_aside"]
+    configs = [(op.name, [(c.state.name, np.asarray(c.scale).tolist()) for c in op.config.output_quantization_config])
+               for op in graph.topological_sort() if op.config is not None]
+    again = [(op.name, [(c.state.name, np.asarray(c.scale).tolist()) for c in op.config.output_quantization_config])
+             for op in listed.topological_sort() if op.config is not None]
+    assert configs == again
