@@ -129,7 +129,11 @@ class Observer:
         x3 = self._view(value)
         if x3 is None:
             return
-        lo, hi = self._batch_minmax(x3)
+        self.observe_viewed(value, x3, *self._batch_minmax(x3))
+
+    def observe_viewed(self, value, x3: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Fold in a batch :meth:`observe` has viewed as [pre, channels, post] (``x3``), with its per-channel
+        extremes: the work :meth:`observe` shares among observers of one tensor (``choice``)."""
         if self._channels is None:
             self._setup(x3.shape[1])
         self._observe(x3, lo, hi)

@@ -45,10 +45,11 @@ class ChoiceObserver(Observer):
         self.chosen = name
         self._version += 1
 
-    def observe(self, value) -> None:
+    def observe_viewed(self, value, x3: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Every candidate folds in the batch as viewed here, its extremes computed once for all of them."""
         for observer in self.candidates.values():
-            observer.observe(value)
-        super().observe(value)
+            observer.observe_viewed(value, x3, lo, hi)
+        super().observe_viewed(value, x3, lo, hi)
 
     def _merge(self, other: "ChoiceObserver") -> None:
         for name, observer in self.candidates.items():

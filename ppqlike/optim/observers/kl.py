@@ -181,8 +181,8 @@ class SearchObserver(KLObserver):
             raise QuantizationPolicyError(f"{self._who()}: the search observer tunes per-tensor thresholds; "
                                           "use kl, mse or percentile for per-channel configs")
 
-    def observe(self, value: np.ndarray) -> None:
-        super().observe(value)
+    def observe_viewed(self, value, x3: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        super().observe_viewed(value, x3, lo, hi)
         self._selected = None
 
     def merge(self, other: "SearchObserver") -> None:

@@ -34,11 +34,11 @@ class MeanMinMaxObserver(Observer):
         self._sum_max = [0] * channels
         self._samples = 0
 
-    def observe(self, value) -> None:
+    def observe_viewed(self, value, x3: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
         """Fold one batch in; its leading axis is the samples (a 0-d or 1-D value is one sample)."""
         self._batch = np.asarray(value)
         try:
-            super().observe(value)
+            super().observe_viewed(value, x3, lo, hi)
         finally:
             self._batch = None
 
