@@ -180,8 +180,11 @@ def channel_relative_error(value: np.ndarray, reference: np.ndarray) -> float:
         return 0.0
     axis = reference.ndim - 1 if reference.ndim == 3 else (1 if reference.ndim >= 2 else 0)
     other = tuple(i for i in range(reference.ndim) if i != axis)
-    difference = np.square(value.astype(np.float64) - reference, dtype=np.float64).sum(axis=other)
-    power = np.square(reference, dtype=np.float64).sum(axis=other)
+    dtype = np.result_type(value.dtype, reference.dtype, np.float32)   # elementwise in the values' precision,
+    difference = np.subtract(value, reference, dtype=dtype)            # sums in float64: no full-size float64
+    np.square(difference, out=difference)                              # copies (a ranking, not a result)
+    difference = difference.sum(axis=other, dtype=np.float64)
+    power = np.square(reference, dtype=dtype).sum(axis=other, dtype=np.float64)
     ratio = np.where(power > 0, difference / np.where(power > 0, power, 1.0), np.where(difference > 0, 1.0, 0.0))
     ratio = np.where(np.isfinite(ratio), ratio, 1.0)
     return float(np.mean(np.minimum(ratio, 1.0)))
