@@ -183,16 +183,21 @@ MEASURED_SAMPLES = 16
 
 
 def _batches_for_measures(batches: "_CheckedBatches", total: int) -> int:
-    """Batches to hold aside for ``MEASURED_SAMPLES`` samples; the batch size is read from the user's first
-    batch where the data is a list or tuple (one batch held aside otherwise)."""
+    """Batches to hold aside for ``MEASURED_SAMPLES`` samples; the batch size is the data's declared
+    ``batch_size`` (a CalibrationFolder, a torch DataLoader), or read from the user's first batch where the data
+    is a list or tuple (one batch held aside otherwise)."""
     data = batches.dataloader
-    if not isinstance(data, (list, tuple)) or not data:
+    declared = getattr(data, "batch_size", None)
+    if isinstance(declared, (int, np.integer)) and not isinstance(declared, bool) and declared > 0:
+        per_batch = int(declared)
+    elif not isinstance(data, (list, tuple)) or not data:
         return 1
-    try:
-        first = data[0] if batches.collate_fn is None else batches.collate_fn(data[0])
-        per_batch = sample_count(batches._check(first))
-    except Exception:     # a bad batch is reported by calibration, where it is read
-        return 1
+    else:
+        try:
+            first = data[0] if batches.collate_fn is None else batches.collate_fn(data[0])
+            per_batch = sample_count(batches._check(first))
+        except Exception:     # a bad batch is reported by calibration, where it is read
+            return 1
     return max(1, min(total // HOLD_ASIDE_FROM, -(-MEASURED_SAMPLES // max(1, per_batch))))
 
 

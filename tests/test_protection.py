@@ -226,3 +226,19 @@ def test_a_lazy_loader_is_read_once(recipe):
     again = [(op.name, [(c.state.name, np.asarray(c.scale).tolist()) for c in op.config.output_quantization_config])
              for op in listed.topological_sort() if op.config is not None]
     assert configs == again
+
+
+def test_a_loader_that_declares_its_batch_size_holds_aside_enough_samples():
+    """A loader of single images (a CalibrationFolder or torch DataLoader with batch_size=1, as the command line
+    gives a model of fixed batch 1) holds aside batches for 16 samples, at most a quarter: 4 of 16, not 1."""
+    loader = _CountingLoader(_data(16, 1))
+    loader.batch_size = 1
+    setting = QuantizationSettingFactory.for_platform("TRT_INT8")
+    setting.recipe, setting.protection = "plain", True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = api.quantize_onnx_model(_spread_model(), loader, platform="TRT_INT8", setting=setting)
+    record = graph.metadata["quantization"]
+    report = next(p["report"] for p in record["passes"] if p["name"] == "protection")
+    assert report["held_aside"] and report["batches"] == 4 and record["verdict"]["samples"] == 4
+    assert loader.made == 16
