@@ -156,3 +156,4 @@ def test_two_blocks_side_by_side_are_two_blocks():
     blocks = find_transformer_blocks(load_graph(model))
     assert Counter(b.kind for b in blocks) == {"Activation": 2}
     assert max(Counter(name for b in blocks for name in b.operations).values()) == 1
+

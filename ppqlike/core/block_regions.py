@@ -277,17 +277,14 @@ def _elementwise(function: Callable) -> Callable:
 
 
 def _clip(operation: Operation, values: list, probe: _Probe) -> np.ndarray:
-    """Clip with its bounds from the constant inputs (opset 11+) or the attributes (opset 6)."""
+    """Clip with its bounds from its constant inputs (an absent bound does not clip)."""
     bounds = []
-    for slot, attribute, default in ((1, "min", -np.inf), (2, "max", np.inf)):
+    for slot, default in ((1, -np.inf), (2, np.inf)):
         variable = operation.inputs[slot] if len(operation.inputs) > slot else None
-        if variable is not None:
-            value = constant_value(variable)
-            if value is None:
-                raise ProbeError(f"{operation.name}: a bound computed at run time")
-            bounds.append(float(value.reshape(-1)[0]))
-        else:
-            bounds.append(float(operation.attributes.get(attribute, default)))
+        value = None if variable is None else constant_value(variable)
+        if variable is not None and value is None:
+            raise ProbeError(f"{operation.name}: a bound computed at run time")
+        bounds.append(default if value is None else float(value.reshape(-1)[0]))
     return np.clip(values[0], *bounds)
 
 
