@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .block_regions import ProbeError, Region, constant_value, evaluate, find_region
+from .block_regions import Region, find_region, pointwise_form
 from .ir import Operation
 
 __all__ = ["activation_match", "ACTIVATION_ANCHORS"]
@@ -49,16 +49,6 @@ def activation_match(anchor: Operation, taken: set[str], graph_outputs: set[str]
 
 
 def _accept(region: Region):
-    if len(region.operations) < 2 or any(op.type not in _ELEMENTWISE for op in region.operations) or \
-            any(constant_value(v).size != 1 for v in region.constants()):
+    if len(region.operations) < 2:   # one op is the op itself (a Sigmoid), not an activation written out
         return None
-    try:
-        result = evaluate(region, _PROBE)
-    except ProbeError:
-        return None
-    if result.size != _PROBE.size:
-        return None
-    result = result.reshape(-1)
-    errors = {form: float(np.abs(result - reference).max()) for form, reference in _REFERENCES.items()}
-    form = min(errors, key=errors.get)
-    return (form, region, ()) if errors[form] <= _TOLERANCE else None
+    return pointwise_form(region, _ELEMENTWISE, _PROBE, _REFERENCES, _TOLERANCE)

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .block_regions import ProbeError, Region, constant_value, evaluate, find_region
+from .block_regions import Region, find_region, pointwise_form
 from .ir import Operation
 
 __all__ = ["gelu_match", "GELU_ANCHORS"]
@@ -48,16 +48,4 @@ def gelu_match(anchor: Operation, taken: set[str], graph_outputs: set[str]):
 
 
 def _accept(region: Region):
-    if any(op.type not in _ELEMENTWISE for op in region.operations) or \
-            any(constant_value(v).size != 1 for v in region.constants()):
-        return None
-    try:
-        result = evaluate(region, _PROBE)
-    except ProbeError:
-        return None
-    if result.size != _PROBE.size:
-        return None
-    result = result.reshape(-1)
-    errors = {form: float(np.abs(result - reference).max()) for form, reference in _REFERENCES.items()}
-    form = min(errors, key=errors.get)
-    return (form, region, ()) if errors[form] <= _TOLERANCE else None
+    return pointwise_form(region, _ELEMENTWISE, _PROBE, _REFERENCES, _TOLERANCE)

@@ -33,7 +33,8 @@ import numpy as np
 
 from .ir import Operation, Variable
 
-__all__ = ["PROBED_TYPES", "Region", "ProbeError", "constant_value", "find_region", "evaluate", "reduction_axes"]
+__all__ = ["PROBED_TYPES", "Region", "ProbeError", "constant_value", "find_region", "evaluate", "reduction_axes",
+           "pointwise_form"]
 
 T = TypeVar("T")
 
@@ -345,3 +346,23 @@ def evaluate(region: Region, probe: np.ndarray, reduced_axes: tuple[int, ...] = 
                 raise ProbeError(f"{operation.name}: {error}") from None
             values[operation.outputs[0].name] = np.asarray(output, np.float64)
     return values[region.result.outputs[0].name]
+
+
+def pointwise_form(region: Region, allowed: frozenset, probe: np.ndarray, references: Mapping[str, np.ndarray],
+                   tolerance: float):
+    """(form, region, ()) when ``region`` - ops of ``allowed`` types reading scalar constants only - computes,
+    on ``probe`` as its source, the reference curve ``form`` within ``tolerance`` (the closest one); else None.
+    What GELU and the written-out activations are recognised by."""
+    if any(op.type not in allowed for op in region.operations) or \
+            any(constant_value(v).size != 1 for v in region.constants()):
+        return None
+    try:
+        result = evaluate(region, probe)
+    except ProbeError:
+        return None
+    if result.size != probe.size:
+        return None
+    result = result.reshape(-1)
+    errors = {form: float(np.abs(result - reference).max()) for form, reference in references.items()}
+    form = min(errors, key=errors.get)
+    return (form, region, ()) if errors[form] <= tolerance else None
