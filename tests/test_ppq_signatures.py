@@ -21,6 +21,7 @@ import ppqlike
 import ppqlike.api
 from ppqlike.core.errors import ModelLoadError, PPQLikeError, UnknownKeywordError
 from ppqlike.optim.base import CalibrationRepeatWarning
+from counting_loader import CountingLoader
 from test_ppq_face import samples, small_model
 
 PPQ_COMMIT = "e39eecb9f7e5f017c28f180cb423f8a685c3db48"
@@ -129,21 +130,6 @@ def test_ppq_keywords_ppqlike_cannot_honour_are_refused_with_the_reason(tmp_path
         ppqlike.api.quantize_onnx_model(path, samples(4), calib_step=4)
 
 
-class _CountingLoader:
-    """A sized, re-iterable dataloader (as torch's DataLoader is) counting the batches drawn from it."""
-
-    def __init__(self, batches):
-        self.batches, self.drawn = batches, 0
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        for batch in self.batches:
-            self.drawn += 1
-            yield batch
-
-
 def test_calib_steps_beyond_the_dataloader_runs_it_again_with_one_warning_line(tmp_path):
     # PPQ's samples: calib_steps=32 over a dataloader of 4 batches.  PPQ's RuntimeCalibrationPass runs
     # ceil(32 / 4) = 8 epochs, stopping at 32 batches; ppqlike does the same, said once, in one line.
@@ -178,13 +164,13 @@ def test_calib_steps_beyond_the_dataloader_runs_it_again_with_one_warning_line(t
         quantizer = get_quantizer(TargetPlatform.TRT_INT8)
         platform_dispatch(graph, TargetPlatform.TRT_INT8, quantizer.policy.quantizable_types)
         quantizer.quantize(graph)
-        loader = _CountingLoader(batches)
+        loader = CountingLoader(batches)
         seen = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             RuntimeCalibrationPass().optimize(graph=graph, dataloader=loader, executor=NumpyExecutor(graph),
                                               calib_steps=steps, collate_fn=lambda b: seen.append(id(b)) or b)
-        assert loader.drawn == steps and len(seen) == steps
+        assert loader.made == steps and len(seen) == steps
         assert seen == [id(b) for b in (batches * expected_epochs)[:steps]]
         assert [str(w.message).count("\n") for w in caught if w.category is CalibrationRepeatWarning] == [0]
         assert f"run {expected_epochs} times for {steps} batches" in str(
@@ -207,13 +193,13 @@ def test_ppq_lib_pipeline_with_calib_steps_32_over_4_batches(tmp_path):
     for name, op in graph.operations.items():
         if op.type in {"Conv", "Gemm"}:
             quantizer.quantize_operation(name, platform=TargetPlatform.TRT_INT8)
-    loader = _CountingLoader(samples(4))
+    loader = CountingLoader(samples(4))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         PFL.Pipeline([ParameterQuantizePass(), RuntimeCalibrationPass()]).optimize(
             graph=graph, dataloader=loader, verbose=False, calib_steps=32, collate_fn=lambda x: x.to("cpu"),
             executor=TorchExecutor(graph=graph))
-    assert loader.drawn == 32
+    assert loader.made == 32
     repeats = [str(w.message) for w in caught if w.category is CalibrationRepeatWarning]
     assert len(repeats) == 1 and "holds 4 batches: it is run 8 times for 32 batches" in repeats[0]
     assert graph.operations["conv1"].config.output_quantization_config[0].scale is not None  # calibrated

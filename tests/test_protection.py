@@ -21,6 +21,7 @@ from ppqlike.executor import NumpyExecutor
 from ppqlike.optim.passes.sensitivity import sample_cosines
 from ppqlike.optim.setting import QuantizationSettingFactory
 
+from counting_loader import CountingLoader
 from onnx_helpers import make_model, run_onnxruntime
 
 RNG = np.random.default_rng(11)
@@ -189,22 +190,6 @@ def test_a_batch_whose_inputs_share_no_leading_axis_is_one_sample():
     assert sample_count([np.zeros((3, 2)), np.array(7)]) == 1
 
 
-class _CountingLoader:
-    """A re-iterable dataloader that makes each batch when asked (as a loader decoding JPEGs does) and counts
-    what it makes."""
-
-    def __init__(self, batches: list):
-        self.batches, self.made = batches, 0
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        for batch in self.batches:
-            self.made += 1
-            yield batch.copy()
-
-
 @pytest.mark.parametrize("recipe", ["balanced", "plain"])
 def test_a_lazy_loader_is_read_once(recipe):
     """The observer choice, the protection and the verdict all measure on the held-aside batches; they are
@@ -212,7 +197,7 @@ def test_a_lazy_loader_is_read_once(recipe):
     (bench/run.py: 792 JPEGs decoded for 200 calibration images before).  The configs are those of the same
     batches given as a list."""
     model, data = _spread_model(), _data(6, 16)   # batches of 16: one held aside, as from a list
-    loader = _CountingLoader(data)
+    loader = CountingLoader(data)
     setting = QuantizationSettingFactory.for_platform("ORT_INT8")
     setting.recipe = recipe
     with warnings.catch_warnings():
@@ -231,7 +216,7 @@ def test_a_lazy_loader_is_read_once(recipe):
 def test_a_loader_that_declares_its_batch_size_holds_aside_enough_samples():
     """A loader of single images (a CalibrationFolder or torch DataLoader with batch_size=1, as the command line
     gives a model of fixed batch 1) holds aside batches for 16 samples, at most a quarter: 4 of 16, not 1."""
-    loader = _CountingLoader(_data(16, 1))
+    loader = CountingLoader(_data(16, 1))
     loader.batch_size = 1
     setting = QuantizationSettingFactory.for_platform("TRT_INT8")
     setting.recipe, setting.protection = "plain", True
