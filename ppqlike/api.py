@@ -163,8 +163,8 @@ class _BatchRange:
             self.kept = kept
 
     def _read_tail(self, batches) -> None:
-        tail = self.tail
-        if tail is not None and tail.keep and tail.kept is None and tail.start == self.stop:
+        tail = self.tail   # (a keeping range that starts where this one stops: _hold_aside makes it so)
+        if tail is not None and tail.kept is None:
             after = list(itertools.islice(batches, len(tail)))
             if len(after) == len(tail):
                 tail.kept = after
