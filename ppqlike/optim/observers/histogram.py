@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from ppqlike.core.errors import QuantizationPolicyError
+from ppqlike.executor.ops._threads import parallel_items
 
 from .base import Observer
 
@@ -134,46 +135,47 @@ class HistogramObserver(Observer):
         exp[:] = new_exp
 
     def _bin(self, x3: np.ndarray) -> None:
+        """Add ``x3``'s (pre, C, post) values to the counts: chunks of about _CHUNK values (one channel's
+        slice, or whole channels' planes) binned on the kernel threads, each thread counting into its own
+        array; integer sums, so the counts do not depend on the thread count."""
         pre, channels, post = x3.shape
-        bins, dtype = self.bins, x3.dtype
-        scale = np.ldexp(1.0, self._log2bins - self._exp).astype(dtype)  # bins / R, exact powers of 2
+        bins = self.bins
+        scale = np.ldexp(1.0, self._log2bins - self._exp).astype(x3.dtype)  # bins / R, exact powers of 2
         nb = 2 * bins
         if channels == 1:
             flat = x3.reshape(-1)
-            n = flat.size
-            step = min(n, _CHUNK)
-            fbuf, ibuf = np.empty(step, dtype), np.empty(step, np.intp)
-            factor = scale[0]
-            counts = np.zeros(nb, np.int64)
-            for start in range(0, n, step):
-                chunk = flat[start:start + step]
-                m = chunk.size
-                y = fbuf[:m]
-                np.multiply(chunk, factor, out=y)
-                np.floor(y, out=y)
-                y += bins                                  # exact: integers below 2^24
-                idx = ibuf[:m]
-                np.copyto(idx, y, casting="unsafe")
-                counts += np.bincount(idx, minlength=nb)
-            self._hist[0] += counts
-            return
-        total = channels * nb
-        target = max(_CHUNK, total)
-        if channels * post <= target:
-            bp, bq = max(1, target // (channels * post)), post
+            step = max(1, min(flat.size, _CHUNK))
+            chunks = [(flat[start:start + step], scale[0], bins) for start in range(0, flat.size, step)]
         else:
-            bp, bq = 1, max(1, target // channels)
-        factor = scale.reshape(1, channels, 1)
-        offset = (np.arange(channels, dtype=np.intp) * nb + bins).reshape(1, channels, 1)
-        counts = np.zeros(total, np.int64)
-        for p0 in range(0, pre, bp):
-            for q0 in range(0, post, bq):
-                y = np.multiply(x3[p0:p0 + bp, :, q0:q0 + bq], factor)
-                np.floor(y, out=y)
-                idx = y.astype(np.intp)
-                idx += offset
-                counts += np.bincount(idx.reshape(-1), minlength=total)
-        self._hist += counts.reshape(channels, nb)
+            target = max(_CHUNK, channels * nb)
+            if channels * post <= target:
+                bp, bq = max(1, target // (channels * post)), post
+            else:
+                bp, bq = 1, max(1, target // channels)
+            factor = scale.reshape(1, channels, 1)
+            offset = (np.arange(channels, dtype=np.intp) * nb + bins).reshape(1, channels, 1)
+            chunks = [(x3[p0:p0 + bp, :, q0:q0 + bq], factor, offset)
+                      for p0 in range(0, pre, bp) for q0 in range(0, post, bq)]
+        largest = max(values.size for values, _, _ in chunks)
+        totals: list[np.ndarray] = []
+
+        def count(index: int, work: tuple) -> None:
+            counts, floats, indices = work
+            values, factor, offset = chunks[index]
+            y = floats[:values.size].reshape(values.shape)
+            np.multiply(values, factor, out=y)
+            np.floor(y, out=y)
+            index_array = indices[:values.size].reshape(values.shape)
+            np.copyto(index_array, y, casting="unsafe")
+            index_array += offset                         # exact: integers below 2^24
+            counts += np.bincount(index_array.reshape(-1), minlength=counts.size)
+
+        def state() -> tuple:
+            counts = np.zeros(channels * nb, np.int64)
+            totals.append(counts)
+            return counts, np.empty(largest, x3.dtype), np.empty(largest, np.intp)
+        parallel_items(count, len(chunks), state)
+        self._hist += np.sum(totals, axis=0).reshape(channels, nb)
 
     # ----------------------------------------------------------- merging --
     def _check_mergeable(self, other: "HistogramObserver") -> None:
