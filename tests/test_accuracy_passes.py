@@ -19,6 +19,7 @@ from ppqlike.platforms.dispatch import dispatch_graph
 from ppqlike.optim.passes import QuantizeRefinePass
 from ppqlike.platforms.policies import get_platform_policy, get_quantizer
 from ppqlike.optim.setting import QuantizationSetting, QuantizationSettingFactory
+from counting_loader import CountingLoader
 from shared_bench import PRESETS, load_images, requires_bench
 
 
@@ -322,6 +323,36 @@ def test_bias_correction_draws_no_batch_past_its_deadline():
     assert reports[None]["batches"] == 3 and not reports[None]["budget_spent"]
     assert reports[0.0]["batches"] == 1 and reports[0.0]["budget_spent"]   # one measured, none after
     assert reports[0.0]["corrected"] == reports[None]["corrected"] > 0
+
+
+def test_bias_correction_reads_no_batch_once_its_samples_are_measured():
+    loader = CountingLoader(data(4))   # 4 batches of 4 samples
+    graph, policy = prepared(no_bias_model(), "TRT_INT8")
+    correction = BiasCorrectionPass(new_bias=None, verbose=False, samples=5)
+    executor = ppqlike.NumpyExecutor(graph)
+    for current in [FusionPass(policy.fused_activations), QuantizationSimplifyPass(), ParameterQuantizePass(),
+                    RuntimeCalibrationPass(verbose=False), PassiveParameterQuantizePass()]:
+        current.optimize(graph, executor=executor, dataloader=loader.batches, calib_steps=4)
+    report = correction.optimize(graph, executor=executor, dataloader=loader, calib_steps=4)
+    assert (report["batches"], report["samples"], loader.made) == (2, 8, 2)
+    assert report["corrected"] == 3
+
+
+def test_bias_correction_leaves_ops_whose_weights_lie_on_their_grid():
+    """Weights that are integers times a power of two, each output channel reaching 127 steps, quantize
+    exactly (per-channel symmetric int8): nothing to correct, and the op is not measured."""
+    rng = np.random.default_rng(3)
+    graph, policy = prepared(no_bias_model(), "TRT_INT8")
+    weight = graph.operations["conv1"].inputs[1]
+    codes = rng.integers(-126, 127, weight.value.shape)
+    codes.reshape(len(codes), -1)[:, 0] = 127
+    weight.value = (codes * 2.0 ** -6).astype(np.float32)
+    _, reports = run_passes(graph, policy, data(2), [BiasCorrectionPass(new_bias=None, verbose=False)],
+                            stop_before=None)
+    report = reports["bias_correction"]
+    assert {"op": "conv1", "reason": "weight quantization is exact"} in report["skipped_ops"]
+    assert sorted(entry["op"] for entry in report["ops"]) == ["conv2", "fc"]
+    assert len(graph.operations["conv1"].inputs) == 2   # no zero bias was created for it
 
 
 def test_layer_scope_bias_correction_makes_each_layer_mean_exact_on_fp32_inputs():

@@ -42,6 +42,7 @@ class Recipe:
     activation_observer: str | None = None   # per-tensor activation ranges, where the setting leaves None
     terminal_observer: str | None = None     # ranges of tensors no quantized op reads, where the recipe chose both
     bias_correction: bool = False            # empirical bias correction where the platform keeps a bias
+    bias_correction_samples: int | None = None   # ... measured on at most this many samples (None: all)
     equalization: bool = False               # cross-layer equalization where weights are per tensor
     adaround: bool = False                   # learned rounding of the weights (8-bit as well as 4-bit)
     smooth_quant: bool = False               # LayerNorm outliers into the next weights (transformers only)
@@ -121,6 +122,9 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
     for name in ("bias_correction", "adaround", "smooth_quant", "range_search"):  # a recipe turns on where off
         if getattr(recipe, name) and not getattr(setting, name):
             changes[name] = True
+    if "bias_correction" in changes and recipe.bias_correction_samples is not None \
+            and setting.bias_correction_samples is None:
+        changes["bias_correction_samples"] = recipe.bias_correction_samples
     if recipe.protection and setting.protection is None:   # an explicit False keeps it off with any recipe
         changes["protection"] = True
     if recipe.time_budget_s is not None and setting.time_budget_s is None:
@@ -224,6 +228,7 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
             passes.append(Int32BiasRangePass())
     if setting.bias_correction:  # measures the error of the weights as they will be baked
         passes.append(BiasCorrectionPass(steps=setting.bias_correction_steps, time_budget=budget,
+                                         samples=setting.bias_correction_samples,
                                          new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0,
                                          scope=setting.bias_correction_scope))
     if setting.protection:  # after the passes that change configs, before the accuracy target

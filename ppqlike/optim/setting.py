@@ -104,7 +104,8 @@ class QuantizationSetting(PPQSettingViews):
     a Clip are handled,
     ``equalization_max_scale`` bounds each channel's scale), ``bias_correction``
     (empirical per-channel bias correction on ``bias_correction_steps``
-    calibration batches, None: all; ``bias_correction_scope`` 'weights': the mean error of the quantized
+    calibration batches, None: all, and at most ``bias_correction_samples`` samples, None: no limit;
+    ``bias_correction_scope`` 'weights': the mean error of the quantized
     weights on the quantized model's inputs, 'layer': of the weights and the op's own input grid on FP32
     inputs, as NNCF's fast bias correction), ``adaround`` (learned rounding of the
     weights: ``adaround_steps`` Adam iterations per layer on
@@ -162,6 +163,7 @@ class QuantizationSetting(PPQSettingViews):
     equalization_max_scale: float = 16.0
     bias_correction: bool = False
     bias_correction_steps: int | None = None
+    bias_correction_samples: int | None = None
     bias_correction_scope: str = "weights"
     adaround: bool = False
     adaround_steps: int = 500
@@ -221,7 +223,7 @@ class QuantizationSetting(PPQSettingViews):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlatformError(f"setting.{name} must be a positive integer, got {value!r}")
-        for name in ("bias_correction_steps", "mixed_precision_max_ops"):
+        for name in ("bias_correction_steps", "bias_correction_samples", "mixed_precision_max_ops"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise PlatformError(f"setting.{name} must be None or a positive integer, got {value!r}")

@@ -66,6 +66,7 @@ from ...core.quant_graph import configured_operations, input_config
 from ...executor import NumpyExecutor, OperationHook
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
+from .sensitivity import sample_count
 
 S = QuantizationStates
 P = QuantizationProperty
@@ -206,7 +207,8 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
     """Per-channel empirical bias correction of Conv/ConvTranspose/Gemm (see the module docstring).
 
     ``steps``: calibration batches to measure on (None: the pipeline's
-    ``calib_steps``).  ``new_bias``: 'int32', 'float' or None (decide from
+    ``calib_steps``); ``samples``: no batch is read once that many samples are
+    measured (None: no such limit).  ``new_bias``: 'int32', 'float' or None (decide from
     the graph) for the config of a bias the pass has to create.  ``time_budget``
     (a TimeBudget, seconds or None): no batch is started past its deadline once
     one has been measured (the mean error is then taken over fewer batches).
@@ -215,12 +217,13 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
     name = "bias_correction"
 
     def __init__(self, steps: int | None = None, new_bias: str | None = None, verbose: bool = True,
-                 scope: str = "weights", time_budget: TimeBudget | float | None = None):
+                 scope: str = "weights", time_budget: TimeBudget | float | None = None, samples: int | None = None):
         if new_bias not in (None, "int32", "float"):
             raise ValueError(f"new_bias must be 'int32', 'float' or None, not {new_bias!r}")
         if scope not in ("weights", "layer"):
             raise ValueError(f"scope must be 'weights' or 'layer', not {scope!r}")
         self.steps, self.new_bias, self.verbose, self.scope = steps, new_bias, verbose, scope
+        self.samples = samples
         self.time_budget = TimeBudget.of(time_budget)
 
     def _layer_hook(self, graph: Graph, executor: NumpyExecutor, deltas: dict) -> _LayerErrorHook:
@@ -265,7 +268,11 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
             if operation.type == "Gemm" and float(operation.attributes.get("beta", 1.0)) == 0.0:
                 skipped.append({"op": operation.name, "reason": "Gemm with beta = 0 ignores its bias"})
                 continue
-            deltas[operation.name] = (quantized.astype(np.float32) - weight.value.astype(np.float32))
+            delta = quantized.astype(np.float32) - weight.value.astype(np.float32)
+            if not delta.any():   # weights already on their grid (MobileNetV2's): no error to correct
+                skipped.append({"op": operation.name, "reason": "weight quantization is exact"})
+                continue
+            deltas[operation.name] = delta
         return deltas, skipped
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
@@ -276,7 +283,7 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
             return {"corrected": 0, "skipped": len(skipped), "skipped_ops": skipped}
         hook = _ErrorHook(executor, deltas) if self.scope == "weights" else self._layer_hook(graph, executor, deltas)
         steps = self.steps if self.steps is not None else calib_steps
-        batches, budget_spent, deadline = 0, False, self.time_budget.deadline()
+        batches, samples, budget_spent, deadline = 0, 0, False, self.time_budget.deadline()
         for batch in iterate_calibration(dataloader, steps, collate_fn, "bias correction", self.verbose):
             if self.scope == "weights":
                 executor.forward(batch, hooks=[hook])
@@ -284,6 +291,9 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                 with dequantized(graph):
                     executor.forward(batch, hooks=[hook])
             batches += 1
+            samples += sample_count(batch)
+            if self.samples is not None and samples >= self.samples:   # enough: no further batch is drawn
+                break
             if time.perf_counter() >= deadline:   # no further batch is drawn
                 budget_spent = True
                 break
@@ -324,6 +334,7 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                             "max_abs_correction": float(np.abs(error).max()),
                             "mean_abs_bias": float(np.abs(bias.value).mean()), "stored": where})
         return {"corrected": len(details), "scope": self.scope, "biases_created": created, "new_bias": new_bias, "batches": batches,
+                "samples": samples,
                 "budget_spent": budget_spent,
                 "float_biases_changed": float_biases,
                 "mean_abs_correction": float(np.mean([d["mean_abs_correction"] for d in details])) if details else 0.0,
