@@ -7,6 +7,7 @@ for a platform.  Names follow PPQ's so that its users feel at home.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -25,10 +26,12 @@ from .executor import NumpyExecutor
 from .executor.ops import check_runnable
 from .export.platform import export_for_platform
 from .io import load_onnx_graph
+from .optim.batch_range import BatchRange
 from .io.import_quantized import import_quantized
 from .io.load import is_imported, load_graph as _load_graph
 from .optim.recipe import (apply_recipe, build_pipeline, build_weight_only_pipeline, effective_setting,
                            format_for_quantization, resolve_policy)
+from .optim.passes.references import FloatReferences
 from .optim.passes.sensitivity import measured_batches, sample_count
 from .optim.setting import QuantizationSetting, QuantizationSettingFactory
 from .platforms.dispatch import dispatch_graph as _dispatch_graph
@@ -123,58 +126,6 @@ __all__ = ["BaseGraph", "ENABLE_CUDA_KERNEL", "PPQ_CONFIG", "QuantizationSetting
            "ppq_warning", "quantize_onnx_model"]
 
 
-class _BatchRange:
-    """Batches ``start`` to ``stop`` (exclusive) of a re-iterable dataloader.
-
-    A range that ``keep``s its batches holds them once read (the held-aside batches: a few, measured on by the
-    observer choice, the protection and the verdict).  A range with a ``tail`` (the range right after it) reads
-    the tail's batches into it when its own reading ends, from the same pass over the data: a lazy loader
-    (JPEGs decoded per batch) is read once, not once more per reader of the held-aside batches.  A range not at
-    the start of data that reads its own shards (a CalibrationFolder) reads just its batches."""
-
-    def __init__(self, dataloader: Iterable, start: int, stop: int, keep: bool = False,
-                 tail: "_BatchRange | None" = None):
-        self.dataloader, self.start, self.stop = dataloader, start, stop
-        self.keep, self.tail = keep, tail
-        self.kept: list | None = None
-
-    def __len__(self):
-        return self.stop - self.start
-
-    def __iter__(self):
-        return iter(self.kept) if self.kept is not None else self._read()
-
-    def _read(self):
-        shard = self.calibration_shard(0, len(self)) if self.start else None
-        if shard is not None:   # the data reads its own range (a folder: those files alone)
-            batches = iter(shard)
-        else:
-            batches = iter(self.dataloader)
-            for _ in itertools.islice(batches, self.start):
-                pass
-        kept = []
-        for index, batch in enumerate(itertools.islice(batches, len(self))):
-            if self.keep:
-                kept.append(batch)
-            if index == len(self) - 1:   # before the last is handed over: a reader may stop after it
-                self._read_tail(batches)
-            yield batch
-        if self.keep and len(kept) == len(self):
-            self.kept = kept
-
-    def _read_tail(self, batches) -> None:
-        tail = self.tail   # (a keeping range that starts where this one stops: _hold_aside makes it so)
-        if tail is not None and tail.kept is None:
-            after = list(itertools.islice(batches, len(tail)))
-            if len(after) == len(tail):
-                tail.kept = after
-
-    def calibration_shard(self, start: int, stop: int):
-        """Batches ``start`` to ``stop`` of this range, read by the dataloader's shard reader (None: none)."""
-        shard = getattr(self.dataloader, "calibration_shard", None)
-        return None if shard is None else shard(self.start + start, min(self.start + stop, self.stop))
-
-
 #: with at least this many calibration batches (and no accuracy target), the last ones are held aside for the
 #: verdict and the protection of sensitive layers: as many as hold ``MEASURED_SAMPLES`` samples, at most a
 #: quarter of the batches (a detector calibrated image by image: 2 of 8 images, not 1)
@@ -201,6 +152,13 @@ def _batches_for_measures(batches: "_CheckedBatches", total: int) -> int:
     return max(1, min(total // HOLD_ASIDE_FROM, -(-MEASURED_SAMPLES // max(1, per_batch))))
 
 
+def _measured_batches(held_aside, checked: _CheckedBatches) -> list:
+    """What the protection and the verdict measure on: MEASURED_SAMPLES held-aside samples, or the first
+    calibration batch when none could be held aside (none before calibration has read it)."""
+    source = held_aside if held_aside is not None else [checked.first] if checked.first is not None else None
+    return [] if source is None else measured_batches(source, MEASURED_SAMPLES)
+
+
 def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
     """(calibration batches, their count, held-aside batches or None): with an accuracy target, the last
     ``mixed_precision_batches`` of the calibration data are held aside from calibration and the target is
@@ -220,8 +178,9 @@ def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
         return batches, calib_steps, None
     if setting.accuracy_target is None:
         held = _batches_for_measures(batches, total)
-    held_aside = _BatchRange(batches, total - held, total, keep=True)
-    return _BatchRange(batches, 0, total - held, tail=held_aside), total - held, held_aside
+    held_aside = BatchRange(batches, total - held, total, keep=True)
+    head = setting.bias_correction_samples if setting.bias_correction and setting.bias_correction_samples else 0
+    return BatchRange(batches, 0, total - held, tail=held_aside, head_samples=head), total - held, held_aside
 
 
 def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_steps: int | None = None,
@@ -299,12 +258,14 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     else:
         pipeline = build_pipeline(policy, setting, verbose, clock_started=started,
                                   bodies=any(has_bodies(op) for op in graph.operations.values()))
+    measured = functools.cache(lambda: _measured_batches(held_aside, checked))   # read after calibration
+    references = FloatReferences(graph, executor, measured)
     records = pipeline.optimize(graph, verbose=verbose, executor=executor, dataloader=batches,
-                                calib_steps=calib_steps, collate_fn=None, held_aside=held_aside)
-    source = held_aside if held_aside is not None else [checked.first] if checked.first is not None else None
-    verdict = None if source is None else quantization_verdict(graph, executor,
-                                                               measured_batches(source, MEASURED_SAMPLES),
-                                                               held_aside=held_aside is not None)
+                                calib_steps=calib_steps, collate_fn=None, held_aside=held_aside,
+                                references=references)
+    verdict = None if not measured() else quantization_verdict(graph, executor, measured(),
+                                                               held_aside=held_aside is not None,
+                                                               references=references)
     graph.metadata["quantization"] = {
         **graph.metadata.get("quantization", {}),  # what passes recorded (mixed_precision_fp32_ops)
         "platform": platform.name, "setting": setting.to_dict(), "dispatch": summary,

@@ -15,7 +15,8 @@ from hypothesis import given, settings, strategies as st
 
 import ppqlike
 from ppqlike.core.errors import CalibrationDataError
-from ppqlike.api import _BatchRange, _CheckedBatches
+from ppqlike.api import _CheckedBatches
+from ppqlike.optim.batch_range import BatchRange
 from ppqlike.io.calibration_data import CalibrationFolder
 from ppqlike.io.calibration_files import CalibrationFileLoader
 from ppqlike.optim.base import RepeatedBatches
@@ -63,7 +64,7 @@ def test_file_shards_hold_the_folders_batches_and_pickle(tmp_path_factory, count
     # the wrappers the pipeline and the API put around the folder shard as they iterate
     repeated = RepeatedBatches(folder, len(whole) * 2 + 1)
     _assert_same_batches([b for s in file_shards(repeated, None, workers) for b in _flat(s)], _flat(repeated))
-    ranged = _BatchRange(folder, 1, len(whole)) if len(whole) > 1 else _BatchRange(folder, 0, 1)
+    ranged = BatchRange(folder, 1, len(whole)) if len(whole) > 1 else BatchRange(folder, 0, 1)
     _assert_same_batches([b for s in file_shards(ranged, 2, workers) for b in _flat(s)], _flat(ranged)[:2])
     graph = SimpleNamespace(name="m", inputs=[SimpleNamespace(name="x", shape=["N", 2, 3])])
     checked = _CheckedBatches(graph, folder, None, None, None)

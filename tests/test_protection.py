@@ -18,6 +18,8 @@ from onnx import helper, numpy_helper
 from ppqlike import api
 from ppqlike.analysis.verdict import QuantizationQualityWarning
 from ppqlike.executor import NumpyExecutor
+from ppqlike.executor.simulation import dequantized
+from ppqlike.optim.passes.references import batch_key
 from ppqlike.optim.passes.sensitivity import sample_cosines
 from ppqlike.optim.setting import QuantizationSettingFactory
 
@@ -227,3 +229,37 @@ def test_a_loader_that_declares_its_batch_size_holds_aside_enough_samples():
     report = next(p["report"] for p in record["passes"] if p["name"] == "protection")
     assert report["held_aside"] and report["batches"] == 4 and record["verdict"]["samples"] == 4
     assert loader.made == 16
+
+
+def test_the_verdict_compares_with_the_fp32_model_as_loaded_after_bias_correction():
+    """TensorRT keeps biases float, so bias correction writes into them; the verdict still measures against
+    the model the user gave (onnxruntime running it), not against the corrected float graph.  The correction
+    measures on the first calibration batch as calibration read it: a lazy loader is still read once."""
+    model, data = _spread_model(), _data(6, 16)   # batches of 16: the last one held aside
+    loader = CountingLoader(data)
+    setting = QuantizationSettingFactory.for_platform("TRT_INT8")
+    setting.bias_correction, setting.bias_correction_samples = True, 16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = api.quantize_onnx_model(model, loader, platform="TRT_INT8", setting=setting)
+    assert loader.made == len(data)
+    record = graph.metadata["quantization"]
+    correction = next(p["report"] for p in record["passes"] if p["name"] == "bias_correction")
+    assert correction["float_biases_changed"] and (correction["batches"], correction["samples"]) == (1, 16)
+    quantized = NumpyExecutor(graph).forward(data[-1])
+    expected = float(np.mean(sample_cosines(quantized, run_onnxruntime(model, {"x": data[-1]}))))
+    assert record["verdict"]["held_aside"] and record["verdict"]["samples"] == 16
+    assert abs(record["verdict"]["output_cosine"] - expected) < 2e-6
+    with dequantized(graph):   # the graph's own float function now differs from the model's
+        corrected = NumpyExecutor(graph).forward(data[-1])
+    assert abs(float(np.mean(sample_cosines(quantized, corrected))) - expected) > 1e-5
+
+
+def test_batches_are_known_by_their_content():
+    batch = RNG.standard_normal((4, 3, 2, 2)).astype(np.float32)
+    assert batch_key(batch) == batch_key(batch.copy()) == batch_key(np.asfortranarray(batch))
+    assert batch_key({"a": batch, "b": batch[:2]}) == batch_key({"b": batch[:2].copy(), "a": batch})
+    changed = batch.copy()
+    changed[3, 2, 1, 1] += 1e-3
+    assert batch_key(changed) != batch_key(batch) != batch_key(batch[:3])
+    assert batch_key(batch) != batch_key(batch.astype(np.float64))

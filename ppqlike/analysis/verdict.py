@@ -20,8 +20,8 @@ import numpy as np
 
 from ..core.ir import Graph
 from ..executor import NumpyExecutor
-from ..executor.simulation import dequantized
 from ..optim.passes.precision_moves import find_units
+from ..optim.passes.references import FloatReferences, references_of
 from ..optim.passes.sensitivity import AloneRunner, sample_cosines
 
 VERDICT_THRESHOLD = 0.98
@@ -32,14 +32,14 @@ class QuantizationQualityWarning(UserWarning):
 
 
 def quantization_verdict(graph: Graph, executor: NumpyExecutor, batches: list, held_aside: bool,
-                         threshold: float = VERDICT_THRESHOLD, worst: int = 5) -> dict:
+                         threshold: float = VERDICT_THRESHOLD, worst: int = 5,
+                         references: FloatReferences | None = None) -> dict:
     """The output cosine of ``graph`` against FP32 on ``batches`` (``sensitivity.measured_batches``: the
     held-aside samples) and, below ``threshold``, the ``worst`` ops and advice, also issued as a
     :class:`QuantizationQualityWarning`."""
     started = time.perf_counter()
     quantized = [executor.forward(batch) for batch in batches]
-    with dequantized(graph):
-        references = [executor.forward(batch) for batch in batches]
+    references = references_of(batches, graph, executor, references)
     finite = all(np.isfinite(np.asarray(value, np.float64)).all() for outputs in quantized for value in outputs
                  if np.asarray(value).dtype.kind == "f")
     cosines = np.concatenate([sample_cosines(q, r) for q, r in zip(quantized, references)])

@@ -281,6 +281,8 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
         deltas, skipped = self._targets(graph)
         if not deltas:
             return {"corrected": 0, "skipped": len(skipped), "skipped_ops": skipped}
+        if kwargs.get("references") is not None:   # the FP32 references, before a float bias changes
+            kwargs["references"].keep()
         hook = _ErrorHook(executor, deltas) if self.scope == "weights" else self._layer_hook(graph, executor, deltas)
         steps = self.steps if self.steps is not None else calib_steps
         batches, samples, budget_spent, deadline = 0, 0, False, self.time_budget.deadline()

@@ -25,10 +25,10 @@ from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.op_facts import VALUE_PRESERVING_TYPES
 from ...core.quant_graph import configured_operations, input_config, output_config
 from ...executor import NumpyExecutor, OperationHook
-from ...executor.simulation import dequantized
 from ..base import CollatedShard, QuantizationOptimizationPass, iterate_calibration
 from ..distributed import file_shards, observe_on_ray, split_into_shards
 from ..observers import ChoiceObserver, make_observer
+from .references import references_of
 from .sensitivity import measured_batches, sample_cosines, sample_count
 from .threshold_search import search_thresholds
 
@@ -180,7 +180,7 @@ def _choice_batches(held_aside, first_batches: list) -> list:
 
 
 def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, held_aside, first_batches,
-                      unsigned: bool) -> dict:
+                      unsigned: bool, float_references=None) -> dict:
     """For the 'auto' observers (observers/choice.py): render every one with each candidate in turn, measure
     the output error (1 - mean per-sample cosine against FP32) on up to CHOICE_SAMPLES calibration samples
     (held-aside ones first), and keep the candidate with the smaller error.  Returns what was measured."""
@@ -190,8 +190,7 @@ def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, he
     batches = _choice_batches(held_aside, first_batches)
     if not batches:
         return {"observer_chosen": choosing[0].chosen, "observer_errors": {}}
-    with dequantized(graph):
-        references = [executor.forward(batch) for batch in batches]
+    references = references_of(batches, graph, executor, float_references)
     errors = {}
     for name in choosing[0].candidates:
         for observer in choosing:
@@ -280,7 +279,7 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
             render(observer, self.unsigned_non_negative)
             config.state = S.ACTIVATED
         choice = _choose_observers(graph, executor, observers, kwargs.get("held_aside"), first_batches,
-                                   self.unsigned_non_negative)
+                                   self.unsigned_non_negative, kwargs.get("references"))
         return {"observed": len(observers), "searched": searched, "backend": self.backend, **workers_report,
                 "terminal_observers": terminal, **choice,
                 "observer_bytes": int(sum(o.state_nbytes for _, o, *_ in observers))}

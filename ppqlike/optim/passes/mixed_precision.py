@@ -48,12 +48,12 @@ from typing import Callable, Iterable
 
 from ...core.ir import Graph
 from ...executor import NumpyExecutor
-from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, iterate_calibration
 from ..distributed import map_items
 from .precision_moves import can_widen, find_units
 from .precision_trials import TrialData, move_unit, trial_cosines, unit_sensitivities
 from ...core.float_formats import float_format
+from .references import references_of
 from .sensitivity import AloneRunner, cosine_lower_bound, output_cosine, sample_cosines
 
 __all__ = ["MixedPrecisionPass", "cosine_lower_bound", "output_cosine", "sample_cosines"]
@@ -108,8 +108,7 @@ class MixedPrecisionPass(QuantizationOptimizationPass):
             source, steps = dataloader, self.batches if calib_steps is None else min(self.batches, calib_steps)
         data = list(iterate_calibration(source, steps, collate_fn, "mixed precision data", False))
         runner = AloneRunner(graph, executor)
-        with dequantized(graph):
-            references = [executor.forward(batch) for batch in data]
+        references = references_of(data, graph, executor, kwargs.get("references"))
         units = find_units(graph)
         shared = TrialData(graph, data, references, [[op.name for op in unit] for unit in units],
                            runtime_kernels=executor.runtime_kernels, local_executor=executor)

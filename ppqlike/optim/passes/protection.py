@@ -45,10 +45,10 @@ import numpy as np
 
 from ...core.ir import Graph
 from ...executor import NumpyExecutor
-from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass
 from .precision_moves import (can_widen, find_units, move_to_float_format, move_to_fp32, move_to_wider_grid, reader_units, restore,
                               snapshot, with_pass_through_readers)
+from .references import references_of
 from .sensitivity import AloneRunner, measured_batches, output_cosine, sample_cosines, sample_count
 
 
@@ -72,8 +72,7 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         executor = executor or NumpyExecutor(graph)
         source = held_aside if held_aside is not None else dataloader
         batches = measured_batches(source, self.samples, collate_fn, "protection data")
-        with dequantized(graph):
-            references = [executor.forward(batch) for batch in batches]
+        references = references_of(batches, graph, executor, kwargs.get("references"))
 
         def error() -> float:
             value = float(1.0 - np.mean(np.concatenate([sample_cosines(executor.forward(batch), reference)

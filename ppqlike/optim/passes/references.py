@@ -1,0 +1,76 @@
+"""The FP32 outputs the accuracy measures compare with, computed once per batch and shared.
+
+The choice between observers ('auto'), the protection of sensitive layers and the verdict all compare the
+quantized graph with its FP32 self on held-aside calibration samples.  :class:`FloatReferences` runs each
+such batch in float once and keeps its outputs, so those three read one forward pass instead of one each,
+and every one of them compares with the FP32 model as it was before any pass changed a float value (bias
+correction writes its correction into biases that stay float, TensorRT's): the pass that would change one
+calls :meth:`FloatReferences.keep` first.
+
+A batch is known by its content (input names, shapes, dtypes and a CRC of the bytes), so the same samples
+reach the same outputs however they were sliced or copied on the way.
+
+Reads: the graph's configs (every one dequantized for the forward pass, restored exactly).  Writes nothing.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ...core.ir import Graph
+from ...executor import NumpyExecutor
+from ...executor.simulation import dequantized
+
+
+def batch_key(batch) -> tuple:
+    """What identifies a batch's content: per input, its name (or position), shape, dtype and CRC-32."""
+    if isinstance(batch, dict):
+        items = sorted(batch.items(), key=lambda item: str(item[0]))
+    elif isinstance(batch, (list, tuple)):
+        items = list(enumerate(batch))
+    else:
+        items = [(0, batch)]
+    key = []
+    for name, value in items:
+        array = np.ascontiguousarray(value)
+        key.append((str(name), array.shape, array.dtype.str, zlib.crc32(array.view(np.uint8).reshape(-1))
+                    if array.size else 0))
+    return tuple(key)
+
+
+class FloatReferences:
+    """FP32 outputs of batches, each computed on first request (or by :meth:`keep`) and kept.
+
+    ``measured``: the batches the protection and the verdict measure on (a callable returning them, read only
+    when :meth:`keep` is called: held-aside batches are read after calibration, not before)."""
+
+    def __init__(self, graph: Graph, executor: NumpyExecutor, measured: Callable[[], list] | None = None):
+        self.graph, self.executor, self.measured = graph, executor, measured
+        self._outputs: dict[tuple, list] = {}
+        self.computed = 0
+
+    def outputs(self, batch) -> list:
+        """The FP32 outputs of ``batch`` (computed now if this content was never seen)."""
+        key = batch_key(batch)
+        if key not in self._outputs:
+            with dequantized(self.graph):
+                self._outputs[key] = self.executor.forward(batch)
+            self.computed += 1
+        return self._outputs[key]
+
+    def keep(self) -> None:
+        """Compute now the references of the measured batches (before a pass changes a float value)."""
+        for batch in (self.measured() if self.measured is not None else ()):
+            self.outputs(batch)
+
+
+def references_of(batches: Iterable, graph: Graph, executor: NumpyExecutor,
+                  references: FloatReferences | None) -> list:
+    """The FP32 outputs of each batch: from ``references`` where a pipeline shares them, else computed."""
+    if references is not None:
+        return [references.outputs(batch) for batch in batches]
+    with dequantized(graph):
+        return [executor.forward(batch) for batch in batches]
