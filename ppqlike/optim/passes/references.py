@@ -42,7 +42,7 @@ def batch_key(batch) -> tuple:
 
 
 class FloatReferences:
-    """FP32 outputs of batches, each computed on first request (or by :meth:`keep`) and kept.
+    """FP32 outputs of batches, each computed on first request (or by :meth:`keep`), the measured ones kept.
 
     ``measured``: the batches the protection and the verdict measure on (a callable returning them, read only
     when :meth:`keep` is called: held-aside batches are read after calibration, not before)."""
@@ -50,16 +50,27 @@ class FloatReferences:
     def __init__(self, graph: Graph, executor: NumpyExecutor, measured: Callable[[], list] | None = None):
         self.graph, self.executor, self.measured = graph, executor, measured
         self._outputs: dict[tuple, list] = {}
+        self._measured_keys: set | None = None
         self.computed = 0
 
     def outputs(self, batch) -> list:
-        """The FP32 outputs of ``batch`` (computed now if this content was never seen)."""
+        """The FP32 outputs of ``batch`` (computed now if this content was never seen); kept when the batch is
+        one of the measured ones (others, such as the observer choice's calibration batches, are not asked
+        again: their outputs are not held)."""
         key = batch_key(batch)
-        if key not in self._outputs:
-            with dequantized(self.graph):
-                self._outputs[key] = self.executor.forward(batch)
-            self.computed += 1
-        return self._outputs[key]
+        if key in self._outputs:
+            return self._outputs[key]
+        with dequantized(self.graph):
+            outputs = self.executor.forward(batch)
+        self.computed += 1
+        if self.measured is None or key in self._kept_keys():
+            self._outputs[key] = outputs
+        return outputs
+
+    def _kept_keys(self) -> set:
+        if self._measured_keys is None:
+            self._measured_keys = {batch_key(batch) for batch in self.measured()}
+        return self._measured_keys
 
     def keep(self) -> None:
         """Compute now the references of the measured batches (before a pass changes a float value)."""
