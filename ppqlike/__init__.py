@@ -28,7 +28,7 @@ _PUBLIC_NAMES = {
     "BaseGraph": "ppqlike.ppq_names", "TorchExecutor": "ppqlike.ppq_names", "ENABLE_CUDA_KERNEL": "ppqlike.ppq_names",
     "PPQ_CONFIG": "ppqlike.ppq_names", "ppq_warning": "ppqlike.ppq_names",
     "convert_any_to_numpy": "ppqlike.ppq_names",
-    "TensorQuantizationConfig": "ppqlike.core.quant", "OperationQuantizationConfig": "ppqlike.core.quant",
+    "TensorQuantizationConfig": "ppqlike.core.quant", "OperationQuantizationConfig": "ppqlike.core.quant_operation",
     "QuantizationStates": "ppqlike.core.quant", "QuantizationPolicy": "ppqlike.core.quant",
     "QuantizationProperty": "ppqlike.core.quant", "RoundingPolicy": "ppqlike.core.quant",
     "QuantizationOptimizationPipeline": "ppqlike.optim.base",

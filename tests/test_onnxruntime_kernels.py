@@ -545,7 +545,8 @@ def test_moves_grid_needs_one_per_tensor_grid_the_output_keeps():
     on one per-tensor grid (after its input config, or as its producer left it) that the output config,
     rounding to nearest, keeps."""
     from ppqlike.core.ir import Operation
-    from ppqlike.core.quant import (OperationQuantizationConfig, QuantizationProperty, QuantizationStates,
+    from ppqlike.core.quant_operation import OperationQuantizationConfig
+    from ppqlike.core.quant import (QuantizationProperty, QuantizationStates,
                                     RoundingPolicy, TensorQuantizationConfig)
     from ppqlike.executor.fusion import moves_grid
     from ppqlike.executor.simulation import grid_key

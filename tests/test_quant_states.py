@@ -9,8 +9,9 @@ import pytest
 
 from ppqlike.core.errors import QuantizationPolicyError, QuantizationStateError
 from ppqlike.core.numerics import fake_quantize, quantize
+from ppqlike.core.quant_operation import OperationQuantizationConfig
 from ppqlike.core.quant import (
-    STATE_TRANSITIONS, OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
+    STATE_TRANSITIONS, QuantizationPolicy, QuantizationProperty,
     QuantizationStates, RoundingPolicy, TensorQuantizationConfig, can_transition, is_applied, is_baked,
     is_dequantizable, is_governed,
 )

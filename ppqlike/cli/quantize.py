@@ -11,6 +11,7 @@ import warnings
 
 from ..core.errors import CalibrationDataError, ModelLoadError, PlatformError, PPQLikeError
 from ..platforms.target import QUANTIZED_PLATFORMS, TargetPlatform
+from .argument_types import channel_numbers, image_size, positive_integer, tensor_shape
 
 SUMMARY_NAME = "summary.json"
 REPORT_NAME = "report.html"
@@ -57,52 +58,6 @@ from the options is an error naming the input and the option.
 """
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
-    if len(values) not in (1, 3):
-        raise argparse.ArgumentTypeError(f"{text!r}: give one number or three (one per channel)")
-    return values
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _crop(text: str):
-    parts = text.lower().replace("x", ",").split(",")
-    try:
-        sizes = [int(p) for p in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give N or HxW") from None
-    if len(sizes) not in (1, 2) or min(sizes) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give N or HxW")
-    return sizes[0] if len(sizes) == 1 else tuple(sizes)
-
-
-def _shape(text: str) -> list:
-    dims = []
-    for part in text.replace(" ", "").split(","):
-        if part in ("N", "n", "?", "-1", "None"):
-            dims.append(None)
-            continue
-        try:
-            dims.append(int(part))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a shape: give e.g. 1,3,224,224 (N for any)") from None
-        if dims[-1] <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: dimensions must be positive")
-    return dims
-
-
 def add_quantize_parser(commands) -> argparse.ArgumentParser:
     parser = commands.add_parser("quantize", help="quantize an ONNX model on a calibration folder",
                                  description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,25 +70,26 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument("--model-name", metavar="NAME",
                         help="file name of the quantized model in --out (default <stem>.<platform>.onnx)")
     group = parser.add_argument_group("calibration")
-    group.add_argument("--batch-size", type=_positive, default=None, metavar="N",
+    group.add_argument("--batch-size", type=positive_integer, default=None, metavar="N",
                        help="samples per batch (default: the model's fixed batch size, else 16)")
-    group.add_argument("--calib-steps", type=_positive, metavar="N", help="use the first N batches (default all)")
-    group.add_argument("--input-shape", type=_shape, metavar="SHAPE",
+    group.add_argument("--calib-steps", type=positive_integer, metavar="N",
+                       help="use the first N batches (default all)")
+    group.add_argument("--input-shape", type=tensor_shape, metavar="SHAPE",
                        help="input shape of a single-input model, e.g. 1,3,224,224 or N,3,224,224; the batch "
                             "dimension is --batch-size; checked against the data and used for image layout/crop")
     group = parser.add_argument_group("image preprocessing (x' = (x / scale - mean) / std)")
-    group.add_argument("--resize", type=_positive, metavar="N",
+    group.add_argument("--resize", type=positive_integer, metavar="N",
                        help="resize the shorter side to N pixels (default: the crop's larger side)")
-    group.add_argument("--crop", type=_crop, metavar="N|HxW",
+    group.add_argument("--crop", type=image_size, metavar="N|HxW",
                        help="centre crop (default: the model's H and W; a model whose H and W are not fixed "
                             "needs --crop, --letterbox N or --input-shape unless all images have one size)")
-    group.add_argument("--letterbox", type=_crop, nargs="?", const=True, metavar="N|HxW",
+    group.add_argument("--letterbox", type=image_size, nargs="?", const=True, metavar="N|HxW",
                        help="instead of --resize/--crop: scale each image to fit inside the model's H and W (or "
                             "N / HxW), keeping its aspect ratio, and pad it centred (YOLO's preprocessing)")
-    group.add_argument("--letterbox-value", type=_floats, default=[114.0], metavar="V[,V,V]",
+    group.add_argument("--letterbox-value", type=channel_numbers, default=[114.0], metavar="V[,V,V]",
                        help="pad value of --letterbox in 0..255 pixel units, one or per channel (default 114)")
-    group.add_argument("--mean", type=_floats, default=[0.0], metavar="M[,M,M]", help="per channel (default 0)")
-    group.add_argument("--std", type=_floats, default=[1.0], metavar="S[,S,S]", help="per channel (default 1)")
+    group.add_argument("--mean", type=channel_numbers, default=[0.0], metavar="M[,M,M]", help="per channel (default 0)")
+    group.add_argument("--std", type=channel_numbers, default=[1.0], metavar="S[,S,S]", help="per channel (default 1)")
     group.add_argument("--scale", type=float, default=1.0,
                        help="pixels are divided by this first (default 1: raw 0..255 values)")
     group.add_argument("--bgr", action="store_true", help="feed channels in BGR order")
@@ -166,7 +122,7 @@ def add_quantize_parser(commands) -> argparse.ArgumentParser:
                                       "activations float)")
     group.add_argument("--weight-only", type=int, choices=(4, 8), metavar="BITS",
                        help="quantize only the MatMul/Gemm weights, to 4 or 8 bits per value in blocks")
-    group.add_argument("--block-size", type=_positive, metavar="N",
+    group.add_argument("--block-size", type=positive_integer, metavar="N",
                        help="values per block along the weight's input dimension (default 32; a power of 2, >= 16)")
     group.add_argument("--weight-only-method", choices=("rtn", "gptq", "awq"),
                        help="rtn: nearest rounding (default); gptq: error feedback through the calibration "

@@ -46,7 +46,8 @@ import numpy as np
 
 from ..core.errors import ExportError
 from ..core.ir import Graph
-from ..core.quant import OperationQuantizationConfig, QuantizationStates, TensorQuantizationConfig, is_baked
+from ..core.quant_operation import OperationQuantizationConfig
+from ..core.quant import QuantizationStates, TensorQuantizationConfig, is_baked
 from ..io.files import read_json
 from ..io.onnx_import import load_onnx_graph
 from ..optim.recipe import format_for_quantization

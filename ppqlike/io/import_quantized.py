@@ -36,7 +36,8 @@ from ..core.host import onnxruntime_saturates_u8s8, weights_may_saturate
 from ..core.ir import Graph, Operation
 from ..core.numerics import along_channel_axis
 from ..core.op_facts import BIAS_TYPES
-from ..core.quant import (OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
+from ..core.quant_operation import OperationQuantizationConfig
+from ..core.quant import (QuantizationPolicy, QuantizationProperty,
                           QuantizationStates, RoundingPolicy, TensorQuantizationConfig)
 from ..core.requantization import RUNTIME_KERNEL_ONNXRUNTIME
 from .onnx_files import onnxruntime_session

@@ -21,7 +21,8 @@ from ..core.errors import PlatformError
 from ..core.float_formats import float_format
 from ..core.ir import Graph, Operation, Variable
 from ..core.op_facts import weight_channel_axis
-from ..core.quant import (OperationQuantizationConfig, QuantizationPolicy, QuantizationProperty,
+from ..core.quant_operation import OperationQuantizationConfig
+from ..core.quant import (QuantizationPolicy, QuantizationProperty,
                           QuantizationStates, RoundingPolicy, TensorQuantizationConfig)
 from . import slots
 from .target import TargetPlatform

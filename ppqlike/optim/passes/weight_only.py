@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from ...core.ir import Graph, Operation, Variable
-from ...core.quant import OperationQuantizationConfig
+from ...core.quant_operation import OperationQuantizationConfig
 from ...core.quant_block import BlockQuantizationConfig, block_parameters, quantize_blocks
 from ...platforms.target import TargetPlatform
 from ..base import QuantizationOptimizationPass, iterate_calibration
