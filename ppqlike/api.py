@@ -8,7 +8,6 @@ for a platform.  Names follow PPQ's so that its users feel at home.
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -26,9 +25,9 @@ from .executor import NumpyExecutor
 from .executor.ops import check_runnable
 from .export.platform import export_for_platform
 from .io import load_onnx_graph
-from .optim.batch_range import BatchRange
 from .io.import_quantized import import_quantized
 from .io.load import is_imported, load_graph as _load_graph
+from .optim.batch_range import BatchRange
 from .optim.recipe import (apply_recipe, build_pipeline, build_weight_only_pipeline, effective_setting,
                            format_for_quantization, resolve_policy)
 from .optim.passes.references import FloatReferences

@@ -44,14 +44,13 @@ def batch_key(batch) -> tuple:
 class FloatReferences:
     """FP32 outputs of batches, each computed on first request (or by :meth:`keep`), the measured ones kept.
 
-    ``measured``: the batches the protection and the verdict measure on (a callable returning them, read only
-    when :meth:`keep` is called: held-aside batches are read after calibration, not before)."""
+    ``measured``: the batches the protection and the verdict measure on (a callable returning them, called at
+    the first request or :meth:`keep`, both after calibration has read the data, never before)."""
 
     def __init__(self, graph: Graph, executor: NumpyExecutor, measured: Callable[[], list] | None = None):
         self.graph, self.executor, self.measured = graph, executor, measured
         self._outputs: dict[tuple, list] = {}
         self._measured_keys: set | None = None
-        self.computed = 0
 
     def outputs(self, batch) -> list:
         """The FP32 outputs of ``batch`` (computed now if this content was never seen); kept when the batch is
@@ -62,7 +61,6 @@ class FloatReferences:
             return self._outputs[key]
         with dequantized(self.graph):
             outputs = self.executor.forward(batch)
-        self.computed += 1
         if self.measured is None or key in self._kept_keys():
             self._outputs[key] = outputs
         return outputs
