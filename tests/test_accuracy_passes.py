@@ -355,6 +355,46 @@ def test_bias_correction_leaves_ops_whose_weights_lie_on_their_grid():
     assert len(graph.operations["conv1"].inputs) == 2   # no zero bias was created for it
 
 
+@pytest.mark.parametrize("platform", ["DSP_INT8", "TRT_INT8"])   # int32 biases baked / float biases changed
+def test_checked_bias_correction_keeps_a_gain_and_undoes_a_loss_exactly(platform, monkeypatch):
+    """checked_on: the output error is measured before and after; the correction stays where it fell, and is
+    undone where it rose: then the graph (its biases, inputs, configs and outputs) is the one without it."""
+    import ppqlike.optim.passes.bias_correction as module
+    rng = np.random.default_rng(0)
+    batches = [rng.random((4, 3, 8, 8)).astype(np.float32) for _ in range(3)]
+    plain, policy = prepared(no_bias_model(), platform)
+    run_passes(plain, policy, batches, stop_before=None)
+    checked, _ = prepared(no_bias_model(), platform)
+    _, reports = run_passes(checked, policy, batches, [BiasCorrectionPass(verbose=False, checked_on=8)],
+                            stop_before=None)
+    report = reports["bias_correction"]
+    assert report["kept"] and report["error_after"] < report["error_before"] and report["checked_samples"] == 8
+    assert report["corrected"] == 3 and len(checked.operations["conv1"].inputs) == 3
+    errors = iter([0.1, 0.2])   # the error measured before and after: a loss
+    monkeypatch.setattr(module, "output_error", lambda *args: next(errors))
+    undone, _ = prepared(no_bias_model(), platform)
+    _, reports = run_passes(undone, policy, batches, [BiasCorrectionPass(verbose=False, checked_on=8)],
+                            stop_before=None)
+    report = reports["bias_correction"]
+    assert not report["kept"] and report["corrected"] == 0 and report["biases_created"] == 0
+    assert sorted(undone.variables) == sorted(plain.variables)
+    for name, operation in plain.operations.items():
+        other = undone.operations[name]
+        assert [v.name for v in other.inputs] == [v.name for v in operation.inputs]
+        for variable in operation.inputs:
+            np.testing.assert_array_equal(undone.variables[variable.name].value, variable.value)
+        if operation.config is not None:
+            for mine, theirs in zip(operation.config.input_quantization_config, other.config.input_quantization_config):
+                assert (mine is None) == (theirs is None)
+                if mine is not None:
+                    assert mine.state is theirs.state
+                    np.testing.assert_array_equal(mine.baked_value if mine.baked_value is not None else 0,
+                                                  theirs.baked_value if theirs.baked_value is not None else 0)
+    for batch in batches:
+        np.testing.assert_array_equal(ppqlike.NumpyExecutor(undone).forward(batch)[0],
+                                      ppqlike.NumpyExecutor(plain).forward(batch)[0])
+
+
 def test_layer_scope_bias_correction_makes_each_layer_mean_exact_on_fp32_inputs():
     """scope='layer' (NNCF's fast bias correction): for each corrected op, on the calibration data, the mean
     output channel of op(Q(x), W_q) with the corrected bias equals that of op(x, W) with the FP32 bias, x

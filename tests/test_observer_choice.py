@@ -91,3 +91,24 @@ def test_a_classifier_bias_add_leaves_its_matmul_output_terminal():
     logits = np.concatenate(batches[:4]) @ weight   # the fifth batch is held aside
     top = (255 - float(config.offset)) * float(config.scale)
     assert top >= logits.max() - float(config.scale)   # the largest calibration logit is not clipped
+
+
+def test_a_candidate_far_behind_at_half_is_dropped_without_changing_the_choice(monkeypatch):
+    """After half the choice samples, a candidate whose error is CHOICE_DROP_RATIO times the best one's is not
+    measured further; the candidates kept are measured on all samples, and the choice and the graph are those
+    of measuring every candidate on every sample."""
+    import ppqlike.optim.passes.calibration as calibration
+    model, batches = _model(), _batches(False)
+    graph = _quantize(model, batches, "auto")
+    report = _report(graph)
+    errors, dropped = report["observer_errors"], report["observer_dropped_at_half"]
+    monkeypatch.setattr(calibration, "CHOICE_DROP_RATIO", float("inf"))
+    full = _quantize(model, batches, "auto")
+    full_errors = _report(full)["observer_errors"]
+    assert _report(full)["observer_dropped_at_half"] == []
+    kept = [name for name in CANDIDATES if name not in dropped]
+    assert {name: errors[name] for name in kept} == {name: full_errors[name] for name in kept}
+    assert report["observer_chosen"] == _report(full)["observer_chosen"] == min(full_errors, key=full_errors.get)
+    assert _ranges(graph) == _ranges(full)
+    assert dropped   # on these data a candidate is far behind, so the test sees a drop
+    assert all(errors[name] > min(errors.values()) for name in dropped)

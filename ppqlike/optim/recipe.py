@@ -42,6 +42,7 @@ class Recipe:
     activation_observer: str | None = None   # per-tensor activation ranges, where the setting leaves None
     terminal_observer: str | None = None     # ranges of tensors no quantized op reads, where the recipe chose both
     bias_correction: bool = False            # empirical bias correction where the platform keeps a bias
+    bias_correction_samples: int | None = None   # ... measured on at most that many samples, where the setting leaves None
     equalization: bool = False               # cross-layer equalization where weights are per tensor
     adaround: bool = False                   # learned rounding of the weights (8-bit as well as 4-bit)
     smooth_quant: bool = False               # LayerNorm outliers into the next weights (transformers only)
@@ -81,12 +82,20 @@ RECIPES = {
     # MobileNetV2 unchanged (weights on their grid); YOLOv8n, basic-pitch, MiniLM, magika within 3e-4; but the
     # PP-OCR text detector TRT_INT8 0.98478 -> 0.90458 (dev maps; the held-aside verdict 0.979, the protection
     # then finding nothing to move): a per-channel mean shift is not safe on every family.
+    # Round 6: taken, checked: the correction (16 samples) stays only where it brings the output of the
+    # held-aside samples (the protection's) closer to FP32, and is undone exactly otherwise.  Dev images, top-1
+    # agreement / logits cosine, round 5 -> round 6: EfficientNet-Lite0 ORT 0.977/0.99447 -> 0.990/0.99791, TRT
+    # 0.990/0.99384 -> 0.993/0.99691, TPU 0.983/0.99405 -> 0.990/0.99752; SqueezeNet ORT 0.953/0.99486 ->
+    # 0.953/0.99585, TRT 0.937/0.99098 -> 0.950/0.99296, TPU undone (held-aside error 0.00156 -> 0.00255);
+    # MobileNetV2 nothing to correct; the PP-OCR text detector undone on every platform (in-sample error up).
     "balanced": Recipe("balanced", "per-tensor activation ranges: mean over samples of per-sample extremes "
                                    "(NNCF's), the MSE range or min-max, whichever keeps held-aside calibration "
-                                   "outputs closest to FP32, min-max for tensors no quantized op reads; the few "
-                                   "layers whose quantization alone wrecks the output protected; SmoothQuant "
-                                   "on transformers",
-                       activation_observer="auto", terminal_observer="minmax", smooth_quant=True, protection=True),
+                                   "outputs closest to FP32, min-max for tensors no quantized op reads; the "
+                                   "weights' bias correction where it brings held-aside outputs closer to FP32; "
+                                   "the few layers whose quantization alone wrecks the output protected; "
+                                   "SmoothQuant on transformers",
+                       activation_observer="auto", terminal_observer="minmax", smooth_quant=True, protection=True,
+                       bias_correction=True, bias_correction_samples=16),
     # balanced, then each Conv/Gemm's weight rounding learned against its FP32 output (range search first),
     # and the bias corrected for what error is left; stops at the budget with the layers done so far.
     # Chosen on calibration data (150 images calibrate, 50 held aside; logits cosine against FP32, balanced
@@ -127,6 +136,9 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
     for name in ("bias_correction", "adaround", "smooth_quant", "range_search"):  # a recipe turns on where off
         if getattr(recipe, name) and not getattr(setting, name):
             changes[name] = True
+    if "bias_correction" in changes and recipe.bias_correction_samples is not None and \
+            setting.bias_correction_samples is None:
+        changes["bias_correction_samples"] = recipe.bias_correction_samples
     if recipe.protection and setting.protection is None:   # an explicit False keeps it off with any recipe
         changes["protection"] = True
     if recipe.time_budget_s is not None and setting.time_budget_s is None:
@@ -174,6 +186,9 @@ def effective_setting(setting: QuantizationSetting, policy: PlatformPolicy) -> d
 #: 100 calibration images, on this 2-core machine, those took 9 s, 9 s and ~5 s, 10% of the 240 s budget)
 ADAROUND_SHARE = 0.6
 RANGE_SEARCH_SHARE = 0.85
+#: samples bias correction is checked on (kept only where it brings the output closer to FP32): the protection's,
+#: so that both read the same FP32 references
+BIAS_CORRECTION_CHECK_SAMPLES = 16
 
 
 def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose: int = 0,
@@ -232,7 +247,8 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
         passes.append(BiasCorrectionPass(steps=setting.bias_correction_steps, time_budget=budget,
                                          samples=setting.bias_correction_samples,
                                          new_bias="int32" if policy.bias_int32 else "float", verbose=verbose > 0,
-                                         scope=setting.bias_correction_scope))
+                                         scope=setting.bias_correction_scope,
+                                         checked_on=BIAS_CORRECTION_CHECK_SAMPLES))
     if setting.protection:  # after the passes that change configs, before the accuracy target
         passes.append(LayerProtectionPass(higher_precision_bits=policy.higher_precision_bits,
                                           float_boundaries=policy.placement == "compute_inputs",

@@ -66,7 +66,9 @@ from ...core.quant_graph import configured_operations, input_config
 from ...executor import NumpyExecutor, OperationHook
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
-from .sensitivity import sample_count
+from .precision_moves import restore, snapshot
+from .references import references_of
+from .sensitivity import measured_batches, output_error, sample_count
 
 S = QuantizationStates
 P = QuantizationProperty
@@ -203,6 +205,18 @@ def _graph_quantizes_bias(graph: Graph) -> bool:
     return False
 
 
+def _undo(graph: Graph, configs: dict, float_values: dict, created: list) -> None:
+    """Put back the configs, the float bias values and the biases as they were before the correction."""
+    restore(graph, configs)
+    for bias, value in float_values.values():
+        bias.value = value
+    for operation, bias, slots in created:
+        graph.replace_input(operation, 2, None)
+        del operation.inputs[2:]
+        del operation.config.input_quantization_config[slots:]
+        graph.remove_variable(bias)
+
+
 class BiasCorrectionPass(QuantizationOptimizationPass):
     """Per-channel empirical bias correction of Conv/ConvTranspose/Gemm (see the module docstring).
 
@@ -211,19 +225,23 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
     measured (None: no such limit).  ``new_bias``: 'int32', 'float' or None (decide from
     the graph) for the config of a bias the pass has to create.  ``time_budget``
     (a TimeBudget, seconds or None): no batch is started past its deadline once
-    one has been measured (the mean error is then taken over fewer batches).
+    one has been measured (the mean error is then taken over fewer batches).  ``checked_on``: the output
+    error (1 - cosine against FP32) is measured before and after on that many samples (the held-aside batches
+    where the pipeline has them, else the calibration data) and the corrections are undone unless it fell:
+    a mean shift fitted on a few samples is not safe on every family (a text detector's probability map).
     """
 
     name = "bias_correction"
 
     def __init__(self, steps: int | None = None, new_bias: str | None = None, verbose: bool = True,
-                 scope: str = "weights", time_budget: TimeBudget | float | None = None, samples: int | None = None):
+                 scope: str = "weights", time_budget: TimeBudget | float | None = None, samples: int | None = None,
+                 checked_on: int | None = None):
         if new_bias not in (None, "int32", "float"):
             raise ValueError(f"new_bias must be 'int32', 'float' or None, not {new_bias!r}")
         if scope not in ("weights", "layer"):
             raise ValueError(f"scope must be 'weights' or 'layer', not {scope!r}")
         self.steps, self.new_bias, self.verbose, self.scope = steps, new_bias, verbose, scope
-        self.samples = samples
+        self.samples, self.checked_on = samples, checked_on
         self.time_budget = TimeBudget.of(time_budget)
 
     def _layer_hook(self, graph: Graph, executor: NumpyExecutor, deltas: dict) -> _LayerErrorHook:
@@ -238,6 +256,12 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                 quantizers[name] = config.fake_quantizer() if not config.policy.per_channel else \
                     (lambda x, out, config=config: config.fake_quantize(x))
         return _LayerErrorHook(executor, weights, quantizers)
+
+    def _check_data(self, graph: Graph, executor: NumpyExecutor, dataloader, collate_fn, kwargs) -> tuple:
+        """The batches the correction is checked on, and their FP32 outputs (taken before any bias changes)."""
+        source = kwargs.get("held_aside") if kwargs.get("held_aside") is not None else dataloader
+        batches = measured_batches(source, self.checked_on, collate_fn, "bias correction check data")
+        return (batches, references_of(batches, graph, executor, kwargs.get("references"))) if batches else None
 
     def _targets(self, graph: Graph) -> tuple[dict, list]:
         deltas, skipped = {}, []
@@ -299,6 +323,9 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
             if time.perf_counter() >= deadline:   # no further batch is drawn
                 budget_spent = True
                 break
+        check = self._check_data(graph, executor, dataloader, collate_fn, kwargs) if self.checked_on else None
+        error_before = output_error(executor, *check) if check else None
+        saved = (snapshot(graph), {}, []) if check else None   # configs, float bias values, biases created
         new_bias = self.new_bias or ("int32" if _graph_quantizes_bias(graph) else "float")
         details, created, float_biases = [], 0, []
         for name in deltas:
@@ -317,6 +344,8 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                 bias = graph.create_variable(graph.unique_name(f"{name}.bias_correction"),
                                              value=np.zeros(error.shape, np.float32))
                 graph.replace_input(operation, 2, bias)
+                if saved:
+                    saved[2].append((operation, bias, len(configs)))
                 configs.extend([None] * (3 - len(configs)))
                 configs[2] = _bias_config(graph, operation, bias.name) if new_bias == "int32" else None
                 created += 1
@@ -329,13 +358,24 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                 config.state = S.PASSIVE_BAKED
                 where = "baked"
             else:
+                if saved:
+                    saved[1].setdefault(bias.name, (bias, bias.value))
                 bias.value = corrected.astype(bias.value.dtype)
                 float_biases.append(name)
                 where = "float value"
             details.append({"op": name, "channels": int(error.size), "mean_abs_correction": float(np.abs(error).mean()),
                             "max_abs_correction": float(np.abs(error).max()),
                             "mean_abs_bias": float(np.abs(bias.value).mean()), "stored": where})
-        return {"corrected": len(details), "scope": self.scope, "biases_created": created, "new_bias": new_bias, "batches": batches,
+        checked = {}
+        if check:
+            error_after = output_error(executor, *check)
+            kept = error_after < error_before
+            if not kept:
+                _undo(graph, *saved)
+                details, created, float_biases = [], 0, []
+            checked = {"error_before": round(error_before, 6), "error_after": round(error_after, 6),
+                       "kept": kept, "checked_samples": int(sum(sample_count(b) for b in check[0]))}
+        return {**checked, "corrected": len(details), "scope": self.scope, "biases_created": created, "new_bias": new_bias, "batches": batches,
                 "samples": samples,
                 "budget_spent": budget_spent,
                 "float_biases_changed": float_biases,

@@ -170,6 +170,8 @@ def render(observer, unsigned_non_negative: bool = False) -> None:
 
 #: samples the choice between the 'auto' candidates is measured on (held-aside ones first)
 CHOICE_SAMPLES = 64
+#: a candidate this many times as far from FP32 as the best on the first half of them is measured no further
+CHOICE_DROP_RATIO = 1.5
 
 
 def _choice_batches(held_aside, first_batches: list) -> list:
@@ -179,11 +181,23 @@ def _choice_batches(held_aside, first_batches: list) -> list:
     return measured_batches(candidates, CHOICE_SAMPLES, description="observer choice data") if candidates else []
 
 
+def _half_point(batches: list) -> int:
+    """How many of the batches hold half of their samples (at least one)."""
+    total, count = sum(sample_count(batch) for batch in batches), 0
+    for index, batch in enumerate(batches):
+        count += sample_count(batch)
+        if 2 * count >= total:
+            return index + 1
+    return len(batches)
+
+
 def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, held_aside, first_batches,
                       unsigned: bool, float_references=None) -> dict:
     """For the 'auto' observers (observers/choice.py): render every one with each candidate in turn, measure
     the output error (1 - mean per-sample cosine against FP32) on up to CHOICE_SAMPLES calibration samples
-    (held-aside ones first), and keep the candidate with the smaller error.  Returns what was measured."""
+    (held-aside ones first), and keep the candidate with the smaller error.  A candidate whose error on the
+    first half of the samples is CHOICE_DROP_RATIO times the best one's or more is not measured on the second
+    (its error is reported on the first half).  Returns what was measured."""
     choosing = [observer for _, observer, *_ in observers if isinstance(observer, ChoiceObserver)]
     if not choosing:
         return {}
@@ -191,20 +205,28 @@ def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, he
     if not batches:
         return {"observer_chosen": choosing[0].chosen, "observer_errors": {}}
     references = references_of(batches, graph, executor, float_references)
-    errors = {}
-    for name in choosing[0].candidates:
-        for observer in choosing:
-            observer.choose(name)
-            render(observer, unsigned)
-        cosines = np.concatenate([sample_cosines(executor.forward(b), r) for b, r in zip(batches, references)])
-        error = float(1.0 - np.mean(cosines))
-        errors[name] = error if error == error else float("inf")
-    best = min(errors, key=lambda name: errors[name])   # the first of equals: the candidates' order
+    half = _half_point(batches)
+    cosines = {name: [] for name in choosing[0].candidates}
+    errors, measured = {}, list(cosines)
+    for start, stop in ((0, half), (half, len(batches))):
+        for name in measured if stop > start else ():
+            for observer in choosing:
+                observer.choose(name)
+                render(observer, unsigned)
+            cosines[name] += [sample_cosines(executor.forward(batch), reference)
+                              for batch, reference in zip(batches[start:stop], references[start:stop])]
+            error = float(1.0 - np.mean(np.concatenate(cosines[name])))
+            errors[name] = error if error == error else float("inf")
+        if start == 0:
+            least = min(errors.values())
+            measured = [name for name in measured if errors[name] < CHOICE_DROP_RATIO * least or errors[name] == least]
+    best = min(measured, key=lambda name: errors[name])   # the first of equals: the candidates' order
     for observer in choosing:
         observer.choose(best)
         render(observer, unsigned)
     return {"observer_chosen": best, "observer_errors": {k: round(v, 6) for k, v in errors.items()},
-            "observer_chosen_on": int(sum(sample_count(b) for b in batches))}
+            "observer_chosen_on": int(sum(sample_count(b) for b in batches)),
+            "observer_dropped_at_half": [name for name in cosines if name not in measured]}
 
 
 def _leading_batches(batches: Iterable, search_batches: int, choosing: bool) -> list:

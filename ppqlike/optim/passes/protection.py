@@ -49,7 +49,7 @@ from ..base import QuantizationOptimizationPass
 from .precision_moves import (can_widen, find_units, move_to_float_format, move_to_fp32, move_to_wider_grid, reader_units, restore,
                               snapshot, with_pass_through_readers)
 from .references import references_of
-from .sensitivity import AloneRunner, measured_batches, output_cosine, sample_cosines, sample_count
+from .sensitivity import AloneRunner, measured_batches, output_cosine, output_error, sample_count
 
 
 class LayerProtectionPass(QuantizationOptimizationPass):
@@ -75,9 +75,7 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         references = references_of(batches, graph, executor, kwargs.get("references"))
 
         def error() -> float:
-            value = float(1.0 - np.mean(np.concatenate([sample_cosines(executor.forward(batch), reference)
-                                                        for batch, reference in zip(batches, references)])))
-            return 1.0 if value != value else value   # NaN outputs: as far from FP32 as it gets
+            return output_error(executor, batches, references)
 
         initial = current = error()
         units = find_units(graph)

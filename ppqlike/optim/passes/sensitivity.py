@@ -44,6 +44,14 @@ def output_cosine(outputs: list, references: list) -> float:
     return float(np.mean(sample_cosines(outputs, references)))
 
 
+def output_error(executor: NumpyExecutor, batches: list, references: list) -> float:
+    """1 - the mean per-sample output cosine of the graph as it runs now against ``references``; 1.0 where the
+    outputs are not finite (as far from FP32 as it gets)."""
+    value = float(1.0 - np.mean(np.concatenate([sample_cosines(executor.forward(batch), reference)
+                                                for batch, reference in zip(batches, references)])))
+    return 1.0 if value != value else value
+
+
 def cosine_lower_bound(values: np.ndarray) -> float:
     """mean - one standard error of the per-sample cosines: what the target is held to, so that a mean that
     clears it on a few dozen held-aside samples by less than their spread does not count as reached."""
