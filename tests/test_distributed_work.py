@@ -188,8 +188,9 @@ def test_workers_read_their_own_calibration_files(ray_cluster, tmp_path, monkeyp
         assert report["backend"] == backend
     assert report["workers"] == 2 and report["shards_read_by_workers"] is True
     # calibration sees 3 batches of 2 (the 4th is held aside): locally each image is read once; on Ray this
-    # process reads the first batch (for the observer choice) and the held-aside one, the workers the others
-    assert (reads["local"], reads["ray"]) == (8, 4)
+    # process reads the first batch (for the observer choice) and the held-aside one, the workers the others;
+    # then bias correction, which runs here, reads the calibration batches it measures (its 16 samples: all 3)
+    assert (reads["local"], reads["ray"]) == (8, 4 + 6)
     for key in ("configs", "parameters"):
         assert (written["ray"][key] == written["local"][key]) is True, key
 

@@ -18,12 +18,14 @@ def test_plain_changes_nothing_and_balanced_fills_only_what_is_left_to_it():
     balanced = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="balanced")
     applied, report = apply_recipe(balanced, "ORT_INT8")
     assert report["changed"] == {"activation_observer": RECIPES["balanced"].activation_observer,
-                                 "terminal_observer": "minmax", "smooth_quant": True, "protection": True}
+                                 "terminal_observer": "minmax", "smooth_quant": True, "protection": True,
+                                 "bias_correction": True, "bias_correction_samples": 16}
     assert applied.activation_observer == RECIPES["balanced"].activation_observer and not applied.equalization
     explicit = ppqlike.QuantizationSettingFactory.for_platform("TRT_INT8", recipe="balanced")
     explicit.activation_observer = "kl"  # the user's choice wins over the recipe's
     explicit.smooth_quant = True
     explicit.protection = False
+    explicit.bias_correction = True   # on all its calibration samples: the recipe's 16 do not apply
     assert apply_recipe(explicit, "TRT_INT8") == (explicit, {"recipe": "balanced", "changed": {}})
     best, report = apply_recipe(ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best"),
                                 "ORT_INT8")

@@ -304,7 +304,7 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
         executor = executor or NumpyExecutor(graph)
         deltas, skipped = self._targets(graph)
         if not deltas:
-            return {"corrected": 0, "skipped": len(skipped), "skipped_ops": skipped}
+            return {"corrected": 0, "skipped": len(skipped), "ops": [], "skipped_ops": skipped}
         if kwargs.get("references") is not None:   # the FP32 references, before a float bias changes
             kwargs["references"].keep()
         hook = _ErrorHook(executor, deltas) if self.scope == "weights" else self._layer_hook(graph, executor, deltas)
@@ -354,9 +354,13 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
             if config is not None and config.state in (S.PASSIVE, S.PASSIVE_INIT) and config.scale is not None:
                 if config.state is S.PASSIVE_INIT:
                     config.dominated_by([input_config(operation, 0), input_config(operation, 1)], S.PASSIVE)
-                config.baked_value = config.fake_quantize(corrected.astype(np.float32))
-                config.state = S.PASSIVE_BAKED
-                where = "baked"
+                baked = config.fake_quantize(corrected.astype(np.float32))
+                if np.abs(config.quantize(baked).astype(np.float64) - np.asarray(config.offset)).max() >= 2.0 ** 24:
+                    # codes past float32's exact integers (a saturated bias) are not told apart in the baked
+                    # float32 value: the baking pass bakes the FP32 bias as usual, whose codes the exporter has
+                    skipped.append({"op": name, "reason": "the corrected bias codes reach 2^24"})
+                    continue
+                config.baked_value, config.state, where = baked, S.PASSIVE_BAKED, "baked"
             else:
                 if saved:
                     saved[1].setdefault(bias.name, (bias, bias.value))
