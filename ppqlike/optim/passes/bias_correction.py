@@ -355,10 +355,11 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                 if config.state is S.PASSIVE_INIT:
                     config.dominated_by([input_config(operation, 0), input_config(operation, 1)], S.PASSIVE)
                 baked = config.fake_quantize(corrected.astype(np.float32))
-                if np.abs(config.quantize(baked).astype(np.float64) - np.asarray(config.offset)).max() >= 2.0 ** 24:
-                    # codes past float32's exact integers (a saturated bias) are not told apart in the baked
-                    # float32 value: the baking pass bakes the FP32 bias as usual, whose codes the exporter has
-                    skipped.append({"op": name, "reason": "the corrected bias codes reach 2^24"})
+                codes = config.quantize(baked)
+                if codes.min() <= config.quant_min or codes.max() >= config.quant_max:
+                    # a saturated code (2^31 - 1 for an int32 bias) is 2^31 again once read back from its float32
+                    # value: the baking pass bakes the FP32 bias as usual, whose codes the exporter has
+                    skipped.append({"op": name, "reason": "the corrected bias saturates its grid"})
                     continue
                 config.baked_value, config.state, where = baked, S.PASSIVE_BAKED, "baked"
             else:
