@@ -119,9 +119,10 @@ def apply_recipe(setting: QuantizationSetting, platform) -> tuple[QuantizationSe
     """The setting with ``setting.recipe``'s choices filled in, and what the recipe changed (for the report).
 
     A recipe fills only what the setting leaves to it: the activation observer when it is None (the
-    platform's default), equalization, bias correction and SmoothQuant when they are off (turn them on in the
-    setting to have them with any recipe; use the 'plain' recipe to have none of them), learned rounding when
-    off, the protection when None (False keeps it off), and the time budget when it is None."""
+    platform's default), equalization, bias correction (on the recipe's number of samples where the setting
+    leaves it None) and SmoothQuant when they are off (turn them on in the setting to have them with any
+    recipe; use the 'plain' recipe to have none of them), learned rounding when off, the protection when None
+    (False keeps it off), and the time budget when it is None."""
     recipe = RECIPES.get(setting.recipe)
     if recipe is None:
         raise PlatformError(f"setting.recipe {setting.recipe!r} is unknown; choose one of {sorted(RECIPES)}")
