@@ -68,7 +68,7 @@ from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
 from .precision_moves import restore, snapshot
 from .references import references_of
-from .sensitivity import measured_batches, output_error, sample_count
+from .sensitivity import held_aside_or_calibration, output_error, sample_count
 
 S = QuantizationStates
 P = QuantizationProperty
@@ -259,8 +259,8 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
 
     def _check_data(self, graph: Graph, executor: NumpyExecutor, dataloader, collate_fn, kwargs) -> tuple:
         """The batches the correction is checked on, and their FP32 outputs (taken before any bias changes)."""
-        source = kwargs.get("held_aside") if kwargs.get("held_aside") is not None else dataloader
-        batches = measured_batches(source, self.checked_on, collate_fn, "bias correction check data")
+        batches = held_aside_or_calibration(kwargs.get("held_aside"), dataloader, self.checked_on, collate_fn,
+                                            "bias correction check data")
         return (batches, references_of(batches, graph, executor, kwargs.get("references"))) if batches else None
 
     def _targets(self, graph: Graph) -> tuple[dict, list]:
@@ -325,7 +325,8 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                 break
         check = self._check_data(graph, executor, dataloader, collate_fn, kwargs) if self.checked_on else None
         error_before = output_error(executor, *check) if check else None
-        saved = (snapshot(graph), {}, []) if check else None   # configs, float bias values, biases created
+        configs_before = snapshot(graph) if check else None
+        float_values, created_biases = {}, []   # bias name -> (variable, FP32 value); (op, bias, config slots)
         new_bias = self.new_bias or ("int32" if _graph_quantizes_bias(graph) else "float")
         details, created, float_biases = [], 0, []
         for name in deltas:
@@ -344,8 +345,7 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                 bias = graph.create_variable(graph.unique_name(f"{name}.bias_correction"),
                                              value=np.zeros(error.shape, np.float32))
                 graph.replace_input(operation, 2, bias)
-                if saved:
-                    saved[2].append((operation, bias, len(configs)))
+                created_biases.append((operation, bias, len(configs)))
                 configs.extend([None] * (3 - len(configs)))
                 configs[2] = _bias_config(graph, operation, bias.name) if new_bias == "int32" else None
                 created += 1
@@ -363,8 +363,7 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                     continue
                 config.baked_value, config.state, where = baked, S.PASSIVE_BAKED, "baked"
             else:
-                if saved:
-                    saved[1].setdefault(bias.name, (bias, bias.value))
+                float_values.setdefault(bias.name, (bias, bias.value))
                 bias.value = corrected.astype(bias.value.dtype)
                 float_biases.append(name)
                 where = "float value"
@@ -376,7 +375,7 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
             error_after = output_error(executor, *check)
             kept = error_after < error_before
             if not kept:
-                _undo(graph, *saved)
+                _undo(graph, configs_before, float_values, created_biases)
                 details, created, float_biases = [], 0, []
             checked = {"error_before": round(error_before, 6), "error_after": round(error_after, 6),
                        "kept": kept, "checked_samples": int(sum(sample_count(b) for b in check[0]))}

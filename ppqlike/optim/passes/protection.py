@@ -49,7 +49,7 @@ from ..base import QuantizationOptimizationPass
 from .precision_moves import (can_widen, find_units, move_to_float_format, move_to_fp32, move_to_wider_grid, reader_units, restore,
                               snapshot, with_pass_through_readers)
 from .references import references_of
-from .sensitivity import AloneRunner, measured_batches, output_cosine, output_error, sample_count
+from .sensitivity import AloneRunner, held_aside_or_calibration, output_cosine, output_error, sample_count
 
 
 class LayerProtectionPass(QuantizationOptimizationPass):
@@ -70,8 +70,7 @@ class LayerProtectionPass(QuantizationOptimizationPass):
                  held_aside: Iterable | None = None, **kwargs) -> dict:
         started = time.perf_counter()
         executor = executor or NumpyExecutor(graph)
-        source = held_aside if held_aside is not None else dataloader
-        batches = measured_batches(source, self.samples, collate_fn, "protection data")
+        batches = held_aside_or_calibration(held_aside, dataloader, self.samples, collate_fn, "protection data")
         references = references_of(batches, graph, executor, kwargs.get("references"))
 
         def error() -> float:

@@ -105,6 +105,13 @@ def measured_batches(source: Iterable, samples: int, collate_fn: Callable | None
     return batches
 
 
+def held_aside_or_calibration(held_aside: Iterable | None, dataloader: Iterable, samples: int,
+                              collate_fn: Callable | None = None, description: str = "measurement data") -> list:
+    """The first ``samples`` samples of the held-aside batches, or of the calibration data where the pipeline
+    holds none aside: what the protection and the bias correction's check measure on."""
+    return measured_batches(held_aside if held_aside is not None else dataloader, samples, collate_fn, description)
+
+
 # ---------------------------------------------------------------- running
 class AloneRunner:
     """FP32 intermediates of one batch, and partial re-runs with one unit quantized."""
