@@ -144,10 +144,9 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         (:meth:`AloneRunner.local_error`: a narrow channel on a shared grid), then as many with the largest
         error at their readers (:meth:`AloneRunner.reader_error`: where the reader's weights make a channel
         matter) that are not among them."""
-        local = sorted(((sum(runner.local_error(unit, c) for c in cached), index)
-                        for index, unit in enumerate(units)), reverse=True)
-        at_readers = sorted(((sum(runner.reader_error(unit, c) for c in cached), index)
-                             for index, unit in enumerate(units)), reverse=True)
+        errors = [np.sum([runner.unit_errors(unit, c) for c in cached], axis=0) for unit in units]
+        local = sorted(((float(error[0]), index) for index, error in enumerate(errors)), reverse=True)
+        at_readers = sorted(((float(error[1]), index) for index, error in enumerate(errors)), reverse=True)
         chosen = [index for _, index in local[:self.measured_units]]
         return chosen + [index for _, index in at_readers[:self.measured_units] if index not in chosen]
 

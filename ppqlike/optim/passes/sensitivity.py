@@ -189,8 +189,15 @@ class AloneRunner:
         per-tensor grid wide that a depthwise conv multiplies by 40 (PicoDet's backbone, behind a HardSwish
         written as four ops) counts, a dead channel of a Concat does not.  A ranking beside
         :meth:`local_error`."""
-        members = {op.name for op in unit}
+        return self._reader_error(unit, cached, self._run_unit(unit, cached))
+
+    def unit_errors(self, unit: list[Operation], cached: dict) -> tuple[float, float]:
+        """(:meth:`local_error`, :meth:`reader_error`) from one run of the unit's ops."""
         values = self._run_unit(unit, cached)
+        return self._local_error(unit, cached, values), self._reader_error(unit, cached, values)
+
+    def _reader_error(self, unit: list[Operation], cached: dict, values: dict) -> float:
+        members = {op.name for op in unit}
         outputs = set(self.outputs)
         pending = {reader.name: reader for op in unit for variable in op.outputs for reader in variable.consumers
                    if reader.name not in members}
@@ -219,8 +226,10 @@ class AloneRunner:
         features), averaged over channels; the largest of the results.  One op run per op: a cheap ranking
         of which units to measure with :meth:`quantize_alone` (a channel far narrower than the others loses
         its few steps to a per-tensor grid, which the mean over channels sees and a tensor-wide SNR hides)."""
+        return self._local_error(unit, cached, self._run_unit(unit, cached))
+
+    def _local_error(self, unit: list[Operation], cached: dict, values: dict) -> float:
         members = {op.name for op in unit}
-        values = self._run_unit(unit, cached)
         worst = 0.0
         outputs = set(self.outputs)
         for operation in unit:
