@@ -16,6 +16,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from ppqlike import api
+from ppqlike.core.quant import QuantizationStates
 from ppqlike.executor import NumpyExecutor
 from ppqlike.optim.passes.precision_moves import find_units
 from ppqlike.optim.passes.protection import LayerProtectionPass
@@ -117,3 +118,35 @@ def test_tensor_relative_error_exact(value, reference, expected):
 def test_tensor_relative_error_skips_what_is_not_a_float_tensor_of_its_shape():
     assert tensor_relative_error(np.ones(3), np.ones(4)) == 0.0
     assert tensor_relative_error(np.ones(3, np.int64), np.zeros(3, np.int64)) == 0.0
+
+
+def _moved_units(units) -> int:
+    """How many of ``units`` run in float (every config of every op FP32)."""
+    return sum(all(config is None or config.state is QuantizationStates.FP32 for op in unit
+                   for config in [*op.config.input_quantization_config, *op.config.output_quantization_config])
+               for unit in units)
+
+
+@pytest.mark.parametrize("errors,front_units", [
+    ({0: 0.2, 1: 0.15, 2: 0.08, 4: 0.03, 8: 0.02}, 4),    # 2 halves it, 4 halves that again, 8 does not
+    ({0: 0.2, 1: 0.05, 2: 0.005, 4: 0.001, 8: 0.0}, 2),   # 2 is below front_floor: no wider move
+    ({0: 0.2, 1: 0.15, 2: 0.12, 4: 0.11, 8: 0.105}, None),  # nothing halves it
+])
+def test_the_front_widens_while_it_halves_the_error(errors, front_units):
+    setting = QuantizationSettingFactory.for_platform("TRT_INT8")
+    setting.recipe, setting.protection = "plain", False
+    graph = api.quantize_onnx_model(_model(), _data(), platform="TRT_INT8", setting=setting)
+    units = find_units(graph)
+    assert len(units) > 8 and _moved_units(units) == 0
+
+    def error() -> float:   # the error as a function of how many leading units run in float
+        moved = _moved_units(units)
+        return errors[max(size for size in errors if size <= moved)]
+
+    protection = LayerProtectionPass(float_boundaries=True)
+    front = protection._protect_front(graph, units, {}, error, errors[0])
+    if front_units is None:
+        assert front is None and _moved_units(units) == 0
+        return
+    assert front["front_units"] == front_units and front["error_after"] == pytest.approx(errors[front_units])
+    assert _moved_units(units) >= front_units
