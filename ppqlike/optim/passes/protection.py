@@ -94,18 +94,19 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         units = find_units(graph)
         threshold = max(self.floor, self.share * initial)
         runner = AloneRunner(graph, executor)
-        measured = []   # (e_alone, unit), worst first: a unit's e_alone does not depend on the others' precision
+        candidates = []   # (e_alone, unit), worst first: a unit's e_alone does not depend on the others' precision
         if initial >= self.floor:   # below it nothing is wrecked: no search
             cached = [runner.cache(batch) for batch in batches]
             for index in self._ranked(runner, units, cached):
                 unit = units[index]
                 alone = 1.0 - float(np.mean([output_cosine(runner.quantize_alone(unit, c), reference)
                                              for c, reference in zip(cached, references)]))
-                measured.append((1.0 if alone != alone else alone, unit))
+                alone = 1.0 if alone != alone else alone
+                if alone >= threshold:
+                    candidates.append((alone, unit))
             del cached
-            measured.sort(key=lambda item: -item[0])
-        candidates = [(alone, unit) for alone, unit in measured if alone >= threshold]
-        protected, moved = [], set()
+            candidates.sort(key=lambda item: -item[0])
+        protected = []
 
         def try_candidates(trying: list, current: float) -> float:
             """Move the first ``max_units`` of ``trying`` (worst first), each kept where it pays."""
@@ -115,7 +116,6 @@ class LayerProtectionPass(QuantizationOptimizationPass):
                 after = error()
                 if after == after and after <= (1.0 - self.gain) * current:
                     current = after
-                    moved.update(op.name for op in unit)
                     protected.append({"ops": [op.name for op in unit], "error_alone": round(alone, 6),
                                       "precision": precision, "error_after": round(after, 6)})
                 else:
@@ -128,7 +128,8 @@ class LayerProtectionPass(QuantizationOptimizationPass):
             if front is not None:
                 current = front["error_after"]
                 protected.append(front)
-                moved.update(front["ops"])   # the front's error may have hid what the others gain
+                # the front's error may have hid what the others gain: those not moved are tried again
+                moved = {name for entry in protected for name in entry["ops"]}
                 current = try_candidates([(alone, unit) for alone, unit in candidates
                                           if not moved & {op.name for op in unit}], current)
         names = [name for entry in protected for name in entry["ops"]]
