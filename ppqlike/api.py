@@ -29,6 +29,7 @@ from .io.import_quantized import import_quantized
 from .io.load import is_imported, load_graph as _load_graph
 from .optim.batch_range import BatchRange
 from .optim.recipe import (apply_recipe, build_pipeline, build_weight_only_pipeline, effective_setting,
+                           writes_outputs_in_float,
                            format_for_quantization, resolve_policy)
 from .optim.passes.references import FloatReferences
 from .optim.passes.sensitivity import measured_batches, sample_count
@@ -247,7 +248,8 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
     else:
         summary = _dispatch_graph(graph, platform, policy.quantizable_types, dispatcher=setting.dispatcher,
                                   dispatching_table=setting.dispatching_table or None,
-                                  transformer=policy.transformer, recurrent=policy.recurrent)
+                                  transformer=policy.transformer, recurrent=policy.recurrent,
+                                  float_outputs=writes_outputs_in_float(graph, setting, policy))
         PlatformQuantizer(policy).quantize(graph)
     executor = NumpyExecutor(graph)
     batches = checked = _CheckedBatches(graph, calib_dataloader, collate_fn, input_shape, inputs)

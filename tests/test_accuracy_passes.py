@@ -528,7 +528,7 @@ def test_adaround_in_the_pipeline_is_opt_in():
     batches = data(3)
     setting = QuantizationSettingFactory.for_platform("ACADEMIC_W4A8")
     setting.adaround, setting.adaround_steps, setting.adaround_samples = True, 100, 256
-    setting.protection = False   # every layer's weights rounded by AdaRound (none kept float)
+    setting.protection = setting.float_outputs = False   # every layer rounded by AdaRound (none kept float)
     graph = quantize_onnx_model(chain_model(), batches, platform="ACADEMIC_W4A8", setting=setting)
     names = [p["name"] for p in graph.metadata["quantization"]["passes"]]
     assert "adaround" in names
@@ -549,7 +549,7 @@ def test_adaround_stops_at_its_time_budget_with_a_valid_graph():
     for budget in (None, 0.0):
         setting = QuantizationSettingFactory.for_platform("ACADEMIC_W4A8")
         setting.adaround, setting.adaround_steps, setting.adaround_samples = True, 100, 256
-        setting.protection = False   # every layer's weights rounded by AdaRound (none kept float)
+        setting.protection = setting.float_outputs = False   # every layer rounded by AdaRound (none kept float)
         setting.time_budget_s = budget
         graph = quantize_onnx_model(chain_model(), batches, platform="ACADEMIC_W4A8", setting=setting)
         report = next(p["report"] for p in graph.metadata["quantization"]["passes"] if p["name"] == "adaround")

@@ -329,7 +329,8 @@ def test_learned_rounding_on_workers_gives_the_local_weights(ray_cluster):
     the local run's configs, baked weights and outputs bit for bit."""
     from test_accuracy_passes import chain_model, data
     results = _quantized_twice(chain_model(), data(3), "ACADEMIC_W4A8", adaround=True, adaround_steps=100,
-                               adaround_samples=256, protection=False)
+                               adaround_samples=256, protection=False,
+                               float_outputs=False)
     _assert_same_rounding(results, 5)
     assert _report(results["ray"][0], "adaround")["improved"] >= 1   # the learned rounding was kept somewhere
 
@@ -338,7 +339,8 @@ def test_learned_rounding_on_workers_stops_at_a_spent_budget_like_the_local_run(
     """A time budget spent before the layers: on the workers as here, every layer keeps nearest rounding."""
     from test_accuracy_passes import chain_model, data
     results = _quantized_twice(chain_model(), data(3), "ACADEMIC_W4A8", adaround=True, adaround_steps=100,
-                               adaround_samples=256, protection=False, time_budget_s=0.0)
+                               adaround_samples=256, protection=False, time_budget_s=0.0,
+                               float_outputs=False)
     _assert_same_results(results)
     for backend in ("local", "ray"):
         report = _report(results[backend][0], "adaround")

@@ -79,11 +79,12 @@ _CACHE: dict = {}
 
 
 def quantized(model_dir, platform: str, setting: QuantizationSetting | None = None, name: str = "small.onnx"):
-    """The small model quantized for ``platform``; by default with the protection off, so that every op
-    stays quantized (tests/test_protection.py exports protected models)."""
+    """The small model quantized for ``platform``; by default with the protection off and the outputs
+    quantized, so that every op stays quantized (tests/test_protection.py exports protected models,
+    tests/test_float_outputs.py float outputs)."""
     if setting is None:
         setting = QuantizationSettingFactory.for_platform(platform)
-        setting.protection = False
+        setting.protection = setting.float_outputs = False
     key = (platform, str(setting.to_dict()), name)
     if key not in _CACHE:
         _CACHE[key] = api.quantize_onnx_model(str(model_dir / name), CALIB, platform=platform, setting=setting)
@@ -166,7 +167,7 @@ def test_exactly_the_simulated_quantization_points(model_dir, simplify):
     """One pair per applied activation config, none for OVERLAPPED ones; without the simplify pass a
     tensor is quantized twice (producer output, then the consumer's input) and exported so."""
     setting = QuantizationSettingFactory.for_platform("PPL_CUDA_INT8")   # signed int8, every output quantized
-    setting.add_alignment = "none"
+    setting.add_alignment, setting.float_outputs = "none", False
     setting.simplify = False if not simplify else setting.simplify
     graph = quantized(model_dir, "PPL_CUDA_INT8", setting=setting)
     slots = applied_activation_slots(graph)

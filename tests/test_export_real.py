@@ -33,6 +33,7 @@ from ppqlike.executor.simulation import dequantized
 from ppqlike.export import ExportRoundingWarning, load_quantized_graph
 from ppqlike.export.common import is_param_slot, iter_configs, output_steps, quantizes
 from ppqlike.export.verify import compare_outputs, run_qdq_model, verify_export
+from ppqlike.optim.setting import QuantizationSettingFactory
 from onnx_helpers import fused_kernels_are_exact
 from shared_bench import PRESETS, load_images, requires_bench
 
@@ -41,13 +42,21 @@ pytestmark = [pytest.mark.real_model, requires_bench]
 _GRAPHS: dict = {}
 
 
-def quantized(model: str, platform: str):
-    """The model quantized for ``platform`` (its preset setting) on 32 calibration images."""
-    if (model, platform) not in _GRAPHS:
+def quantized(model: str, platform: str, **changes):
+    """The model quantized for ``platform`` (its preset setting with ``changes``) on 32 calibration images."""
+    key = (model, platform, tuple(sorted(changes.items())))
+    if key not in _GRAPHS:
         images, _, _ = load_images(model, "calib", 32)
-        _GRAPHS[(model, platform)] = api.quantize_onnx_model(
-            str(PRESETS[model].path), [images[:16], images[16:]], platform=platform)
-    return _GRAPHS[(model, platform)]
+        setting = QuantizationSettingFactory.for_platform(platform)
+        for name, value in changes.items():
+            setattr(setting, name, value)
+        _GRAPHS[key] = api.quantize_onnx_model(
+            str(PRESETS[model].path), [images[:16], images[16:]], platform=platform, setting=setting)
+    return _GRAPHS[key]
+
+
+def onnx_outputs(model, images) -> np.ndarray:
+    return run_qdq_model(model, {model.graph.input[0].name: images})[0]
 
 
 def _sha(path) -> str:
@@ -82,10 +91,18 @@ def test_real_export_matches_simulation(model, platform, tmp_path):
     # not what they compute exactly there; ORT_INT8 exports uint8 weights, exact on every CPU)
     assert platform == "ORT_INT8" or not fused_kernels_are_exact(exported) or (
         stats["top1_agreement"] >= 0.8 and stats["cosine"] >= 0.98), stats
-    if platform == "ORT_INT8":  # the simulation computes those very kernels
+    if platform == "ORT_INT8":  # the simulation computes those very kernels; the ops writing the outputs run
+        # in float (balanced's float_outputs): within float rounding there
         assert stats["top1_agreement"] == 1.0 and stats["within_one_step"] == 1.0, stats
-        if model != "squeezenet1.1":
-            assert stats["exact"] == 1.0, stats
+        assert stats["max_diff"] <= 1e-4 * max(1.0, float(np.abs(onnx_outputs(exported, images[:1])).max())), stats
+        # the integer kernels themselves, bit for bit: the same model with its outputs quantized
+        integer = quantized(model, platform, float_outputs=False)
+        integer_model = onnx.load(api.export_ppq_graph(integer, platform, tmp_path / "integer.onnx")[0])
+        integer_stats = verify_export(integer, images, model=integer_model, optimizations=("all",))
+        integer_stats = integer_stats["end_to_end"]["all"][integer.outputs[0].name]
+        assert integer_stats["top1_agreement"] == 1.0 and integer_stats["within_one_step"] == 1.0, integer_stats
+        if model != "squeezenet1.1":   # (its FP32 Softmax: within float rounding)
+            assert integer_stats["exact"] == 1.0, integer_stats
     executor = NumpyExecutor(graph, runtime_kernels=False)  # the unoptimized session's semantics
     simulated = executor.forward(images)[0]
     with dequantized(graph):

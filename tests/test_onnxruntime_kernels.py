@@ -55,9 +55,10 @@ def _model(seed: int, size: int = 12) -> onnx.ModelProto:
 def _quantize(path, calibration, platform: str):
     """``path`` quantized for ``platform`` with every op on 8 bits: the protection off (it could move the
     one layer these small models have to int16 or float, and the kernels under test would not run), every
-    op's output quantized (TensorRT's own placement leaves the outputs of pools and Concats float)."""
+    op's output quantized (TensorRT's own placement leaves the outputs of pools and Concats float; balanced
+    the ops writing the model's outputs)."""
     setting = QuantizationSettingFactory.for_platform(platform)
-    setting.protection = False
+    setting.protection = setting.float_outputs = False
     setting.placement = "every_output"
     return api.quantize_onnx_model(path, calibration, platform=platform, setting=setting)
 

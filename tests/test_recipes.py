@@ -19,19 +19,21 @@ def test_plain_changes_nothing_and_balanced_fills_only_what_is_left_to_it():
     applied, report = apply_recipe(balanced, "ORT_INT8")
     assert report["changed"] == {"activation_observer": RECIPES["balanced"].activation_observer,
                                  "terminal_observer": "minmax", "smooth_quant": True, "protection": True,
-                                 "bias_correction": True, "bias_correction_samples": 16}
+                                 "bias_correction": True, "bias_correction_samples": 16, "float_outputs": True}
     assert applied.activation_observer == RECIPES["balanced"].activation_observer and not applied.equalization
     explicit = ppqlike.QuantizationSettingFactory.for_platform("TRT_INT8", recipe="balanced")
     explicit.activation_observer = "kl"  # the user's choice wins over the recipe's
     explicit.smooth_quant = True
     explicit.protection = False
+    explicit.float_outputs = False   # an explicit False keeps the outputs quantized with any recipe
     explicit.bias_correction = True   # on all its calibration samples: the recipe's 16 do not apply
     assert apply_recipe(explicit, "TRT_INT8") == (explicit, {"recipe": "balanced", "changed": {}})
     best, report = apply_recipe(ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best"),
                                 "ORT_INT8")
     assert report["changed"] == {"activation_observer": "auto", "terminal_observer": "minmax", "bias_correction": True,
                                  "adaround": True, "time_budget_s": RECIPES["best"].time_budget_s,
-                                 "smooth_quant": True, "range_search": True, "protection": True}
+                                 "smooth_quant": True, "range_search": True, "protection": True,
+                                 "float_outputs": True}
     budgeted = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best")
     budgeted.time_budget_s = 5
     assert apply_recipe(budgeted, "ORT_INT8")[0].time_budget_s == 5
@@ -79,7 +81,8 @@ def test_best_learns_the_rounding_of_8bit_weights_on_a_real_model():
     names = [p["name"] for p in graph.metadata["quantization"]["passes"]]
     assert names.index("adaround") < names.index("calibration") < names.index("range_search") \
         < names.index("bias_correction")
-    assert passes["range_search"]["searched"] == 11 and not passes["range_search"]["budget_spent"]
+    # (11 per-tensor ranges, less the GlobalAveragePool's output: it writes the logits in float, float_outputs)
+    assert passes["range_search"]["searched"] == 10 and not passes["range_search"]["budget_spent"]
     rounding = passes["adaround"]
     assert rounding["layers"] == 26 and rounding["improved"] > 13
     assert rounding["mean_relative_error_learned"] < rounding["mean_relative_error_nearest"]

@@ -114,7 +114,12 @@ def test_recurrent_model_quantizes_exports_and_runs(op_type, platform, tmp_path)
     graph, exported = quantize_and_export(model, platform, tmp_path)
     recurrent = graph.operations["recurrent"]
     assert recurrent.platform is TargetPlatform.FP32 and recurrent.config is None
-    assert graph.operations["Gemm_7"].platform.name == platform and graph.operations["Conv_0"].platform.name == platform
+    assert graph.operations["Conv_0"].platform.name == platform
+    # the head writes the model's output: float on its quantized input (float_outputs, balanced's), where every
+    # op's outputs are quantized (TensorRT's placement leaves the outputs float already: its Gemm stays int8)
+    float_outputs = [] if platform == "TRT_INT8" else ["Gemm_7"]
+    assert graph.metadata["quantization"]["dispatch"]["float_outputs"] == float_outputs
+    assert graph.operations["Gemm_7"].platform.name == ("FP32" if float_outputs else platform)
     node = next(n for n in exported.graph.node if n.op_type == op_type)
     dequantized = dequantized_tensors(exported)
     assert not set(node.input[1:]) & dequantized   # W, R, B, sequence_lens, initial_h stay as they were

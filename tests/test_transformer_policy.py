@@ -52,6 +52,7 @@ def _quantized(platform: str, **setting_changes):
     """The encoder quantized for ``platform`` with every op's outputs quantized where the transformer policy says
     (the placement onnxruntime's integer kernels and TPU-MLIR's all-int8 lowering run; TensorRT keeps its own)."""
     setting = QuantizationSettingFactory.for_platform(platform)
+    setting.float_outputs = False   # (the policy's configs on every op, the last one too)
     if platform != "TRT_INT8":
         setting.placement = "every_output"
     for key, value in setting_changes.items():

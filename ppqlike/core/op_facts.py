@@ -35,6 +35,12 @@ SEQUENCE_TYPES = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInser
 #: Activations that fuse into the computing op before them (one quantization after both).
 FUSABLE_ACTIVATIONS = frozenset({"Relu", "Clip"})
 
+#: Activations computed value by value (or row by row: Softmax) from one tensor, with at most constant
+#: operands besides (a Clip's bounds, a PRelu's slope): no weight, no sum over other values.
+POINTWISE_ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid",
+                                   "HardSwish", "Softplus", "Softsign", "Elu", "Selu", "Celu", "Gelu", "Erf", "Exp",
+                                   "Softmax", "LogSoftmax"})
+
 #: Ops that pass their first input through unchanged at inference.
 PASS_THROUGH_TYPES = frozenset({"Identity", "Dropout"})
 

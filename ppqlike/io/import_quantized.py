@@ -98,7 +98,9 @@ def onnxruntime_fused_outputs(model: onnx.ModelProto) -> set[str]:
     with tempfile.TemporaryDirectory(prefix="ppqlike-ort-") as folder:
         options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
         onnxruntime_session(model, options)
-        optimized = onnx.load(options.optimized_model_filepath)
+        # (the node names are all that is read: a large float weight the optimized file refers to outside
+        # itself, e.g. in the source model's data file, is not loaded)
+        optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
     return {name for node in optimized.graph.node for name in node.output}
 
 

@@ -93,6 +93,10 @@ class QuantizationSetting(PPQSettingViews):
     inside; see PlatformPolicy), ``placement`` (None: the platform's; 'every_output': every quantized op's
     outputs, 'compute_inputs': only what Conv/Gemm/MatMul read and residual skips, see
     ppqlike.optim.passes.placement),
+    ``float_outputs`` (the ops that write the model's outputs run in float on their quantized inputs, as NNCF
+    and ModelOpt leave outputs unquantized: no ties of close logits on an 8-bit grid, no small probabilities
+    rounded to zero; where the placement quantizes every op's outputs; None: as the recipe says, on in
+    balanced and best; see ppqlike.platforms.dispatch_outputs),
     ``search_batches`` (batches the TPU-style search evaluates on);
     ``calibration_backend`` 'local' or 'ray' with ``calibration_workers`` Ray workers (the
     batches sharded, the observers merged exactly: the same scales as 'local'; the threshold search's
@@ -154,6 +158,7 @@ class QuantizationSetting(PPQSettingViews):
     concat_alignment: bool = True
     recurrent: str | None = None
     placement: str | None = None
+    float_outputs: bool | None = None
     search_batches: int = 1
     calibration_backend: str = "local"
     calibration_workers: int = 2

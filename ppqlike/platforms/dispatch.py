@@ -56,6 +56,7 @@ import networkx as nx
 from ..core.errors import PlatformError
 from ..core.ir import Graph, Operation, Variable
 from ..core.patterns import ATTENTION_MATMUL, RESIDUAL_ADD, find_transformer_blocks
+from .dispatch_outputs import output_writers
 from .dispatch_soi import data_free_operations, soi_input_indices, soi_operations, value_inputs, value_uses
 from ..core.op_facts import COMPUTING_TYPES, RECURRENT_TYPES, SEQUENCE_TYPES, VALUE_PRESERVING_TYPES
 from ..core.subgraphs import has_bodies
@@ -238,7 +239,7 @@ def _parse_pins(graph: Graph, table, target: TargetPlatform, soi: set[str]) -> d
 def dispatch_graph(graph: Graph, platform: TargetPlatform | str, quantizable_types: Iterable[str],
                    dispatcher: str = "conservative",
                    dispatching_table: Mapping[str, TargetPlatform | str] | None = None,
-                   transformer=None, recurrent: str | None = None) -> dict:
+                   transformer=None, recurrent: str | None = None, float_outputs: bool = False) -> dict:
     """Write ``op.platform`` on every op of ``graph``: ``platform`` (TARGET), FP32 or SOI.
 
     ``quantizable_types``: the op types the platform's quantizer supports.
@@ -247,10 +248,13 @@ def dispatch_graph(graph: Graph, platform: TargetPlatform | str, quantizable_typ
     'TARGET'/'FP32'/'SOI'} pins ops; unknown names, and SOI ops pinned to
     TARGET, raise PlatformError.  ``transformer``: the platform's
     TransformerPolicy (None: transformer blocks are left to the strategy).  ``recurrent``: the platform's
-    treatment of LSTM/GRU/RNN, 'float' or 'quantize' (None: left to the strategy).  Returns a summary: ``platform``,
+    treatment of LSTM/GRU/RNN, 'float' or 'quantize' (None: left to the strategy).  ``float_outputs``: the ops
+    that write the model's outputs are then labelled FP32 unless pinned (:mod:`.dispatch_outputs`).
+    Returns a summary: ``platform``,
     ``dispatcher``, ``counts`` {label: n}, a list of op names per label
     ('TARGET', 'FP32', 'SOI', topological order), ``types`` {label: {op type: n}}
-    ``pinned`` {name: label} and ``blocks`` {block kind: {label of its tail: n blocks}}.
+    ``pinned`` {name: label}, ``blocks`` {block kind: {label of its tail: n blocks}} and ``float_outputs``
+    (the output writers labelled FP32).
     """
     target = TargetPlatform.parse(platform)
     if not target.is_quantized:
@@ -275,9 +279,12 @@ def dispatch_graph(graph: Graph, platform: TargetPlatform | str, quantizable_typ
     ctx.pin({op.name: _FP32 for op in ctx.order if op.name not in ctx.soi and (
         op.type in SEQUENCE_TYPES or has_bodies(op))})   # their bodies' ops are dispatched on their own
     strategy(ctx)
+    writers = [name for name in output_writers(graph, ctx.order, ctx.labels, target, PASSTHROUGH_TYPES)
+               if name not in pins] if float_outputs else []
+    ctx.labels.update({name: _FP32 for name in writers})
     for operation in ctx.order:
         operation.platform = ctx.labels[operation.name]
-    return _summary(ctx, str(dispatcher).strip().lower(), pins)
+    return {**_summary(ctx, str(dispatcher).strip().lower(), pins), "float_outputs": writers}
 
 
 def _label_name(label: TargetPlatform) -> str:

@@ -76,6 +76,13 @@ def compute_input_tensors(graph: Graph) -> set[str]:
     return quantized
 
 
+def graph_placement(graph: Graph, placement: str, transformer_placement: str | None) -> str:
+    """The placement ``graph`` gets: ``transformer_placement`` when it is set and the graph has LayerNorms."""
+    if transformer_placement is not None and any(block.kind == LAYER_NORM for block in find_transformer_blocks(graph)):
+        return transformer_placement
+    return placement
+
+
 class QuantizationPlacementPass(QuantizationOptimizationPass):
     """Leave in float the tensors the platform's placement does not quantize (see the module docstring)."""
 
@@ -88,10 +95,7 @@ class QuantizationPlacementPass(QuantizationOptimizationPass):
         self.placement, self.transformer_placement = placement, transformer_placement
 
     def optimize(self, graph: Graph, **kwargs) -> dict:
-        placement = self.placement
-        if self.transformer_placement is not None and any(
-                block.kind == LAYER_NORM for block in find_transformer_blocks(graph)):
-            placement = self.transformer_placement
+        placement = graph_placement(graph, self.placement, self.transformer_placement)
         if placement == "every_output":
             return {"placement": placement, "left_float": 0}
         quantized = compute_input_tensors(graph)
