@@ -103,6 +103,10 @@ class Observer:
             lo, hi = x3[0].min(axis=1).astype(np.float64), x3[0].max(axis=1).astype(np.float64)
         else:
             lo, hi = x3.min(axis=(0, 2)).astype(np.float64), x3.max(axis=(0, 2)).astype(np.float64)
+        return self._checked_extremes(lo, hi)
+
+    def _checked_extremes(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``lo``, ``hi`` (float64 per channel) when finite; NaN/Inf raise, naming the channels."""
         if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
             bad = np.flatnonzero(~(np.isfinite(lo) & np.isfinite(hi)))
             where = f" (channels {bad[:8].tolist()})" if self.per_channel else ""

@@ -32,6 +32,7 @@ class ChoiceObserver(Observer):
     """Feeds every candidate observer; :meth:`choose` picks the one the others read from."""
 
     algorithm = "auto"
+    _extremes = None   # each sample's (min, max) of the batch being folded in, when computed already
 
     def __init__(self, config, candidates=CANDIDATES):
         self.candidates = {name: _TYPES[name](config) for name in candidates}
@@ -45,10 +46,32 @@ class ChoiceObserver(Observer):
         self.chosen = name
         self._version += 1
 
+    def observe(self, value) -> None:
+        """:meth:`Observer.observe`; with the mean min-max candidate, the batch's extremes are those of its
+        per-sample extremes (the same values, one pass over the batch fewer)."""
+        mean = self.candidates.get("mean_minmax")
+        if mean is None:
+            return super().observe(value)
+        x3 = self._view(value)
+        if x3 is None:
+            return
+        extremes = mean.sample_extremes(value, x3)
+        lo, hi = self._checked_extremes(extremes[0].min(axis=0).astype(np.float64),
+                                        extremes[1].max(axis=0).astype(np.float64))
+        self._extremes = extremes
+        try:
+            self.observe_viewed(value, x3, lo, hi)
+        finally:
+            self._extremes = None
+
     def observe_viewed(self, value, x3: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
         """Every candidate folds in the batch as viewed here, its extremes computed once for all of them."""
-        for observer in self.candidates.values():
-            observer.observe_viewed(value, x3, lo, hi)
+        extremes = self._extremes
+        for name, observer in self.candidates.items():
+            if name == "mean_minmax" and extremes is not None:
+                observer.observe_extremes(value, x3, lo, hi, extremes)
+            else:
+                observer.observe_viewed(value, x3, lo, hi)
         super().observe_viewed(value, x3, lo, hi)
 
     def _merge(self, other: "ChoiceObserver") -> None:

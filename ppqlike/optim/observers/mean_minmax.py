@@ -28,6 +28,7 @@ class MeanMinMaxObserver(Observer):
     """Mean over samples of per-sample (min, max), per tensor or per channel; merging is exact."""
 
     algorithm = "mean_minmax"
+    _extremes = None   # each sample's (min, max) of the batch being folded in, when computed already
 
     def _allocate(self, channels: int) -> None:
         self._sum_min = [0] * channels
@@ -42,18 +43,31 @@ class MeanMinMaxObserver(Observer):
         finally:
             self._batch = None
 
-    def _observe(self, x3: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-        samples = self._samples_of(x3)
-        self._sum_min = [a + b for a, b in zip(self._sum_min, _exact_sum(samples.min(axis=2)))]
-        self._sum_max = [a + b for a, b in zip(self._sum_max, _exact_sum(samples.max(axis=2)))]
-        self._samples += samples.shape[0]
+    def sample_extremes(self, value, x3: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each sample's (min, max) per channel, [samples, channels] in the batch's dtype: what this observer
+        folds in, and, reduced over the samples, the batch's extremes (``choice`` computes them once)."""
+        samples = self._samples_of(x3, np.asarray(value))
+        return samples.min(axis=2), samples.max(axis=2)
 
-    def _samples_of(self, x3: np.ndarray) -> np.ndarray:
+    def observe_extremes(self, value, x3: np.ndarray, lo: np.ndarray, hi: np.ndarray, extremes: tuple) -> None:
+        """:meth:`observe_viewed` with the batch's :meth:`sample_extremes` already computed."""
+        self._extremes = extremes
+        try:
+            self.observe_viewed(value, x3, lo, hi)
+        finally:
+            self._extremes = None
+
+    def _observe(self, x3: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        low, high = self._extremes or self.sample_extremes(self._batch, x3)
+        self._sum_min = [a + b for a, b in zip(self._sum_min, _exact_sum(low))]
+        self._sum_max = [a + b for a, b in zip(self._sum_max, _exact_sum(high))]
+        self._samples += low.shape[0]
+
+    def _samples_of(self, x3: np.ndarray, batch: np.ndarray) -> np.ndarray:
         """The batch as [samples, channels, values of one sample]: per channel, the axes before the channel
         axis are the samples (x3 as it is); per tensor, the leading axis of the batch."""
         if self.per_channel:
             return x3
-        batch = self._batch
         if batch.ndim < 2:
             return x3
         count = batch.shape[0]
