@@ -195,3 +195,40 @@ def test_quantized_forward_equals_running_each_op_through_its_configs(platform, 
     for name, value in parameters.items():
         np.testing.assert_array_equal(graph.variables[name].value, value)
     np.testing.assert_array_equal(executor.forward({"x": x}, output_names=["r", "y"])[1], y)  # again: same
+
+
+class _Recorder(ppqlike.executor.OperationHook):
+    """Records every output it is shown; lets the executor fuse when ``fuse``."""
+
+    def __init__(self, fuse: bool):
+        self.fuse, self.seen = fuse, {}
+
+    def after_operation(self, operation, inputs, outputs):
+        self.seen[operation.name] = [np.array(o, copy=True) for o in outputs]
+
+    def lets_fuse(self, producer, activation):
+        return self.fuse
+
+
+@pytest.mark.parametrize("activation", ["Relu", "Clip"])
+def test_a_hook_that_lets_fuse_sees_the_activation_outputs_bit_for_bit(activation):
+    """The calibration's observer hook watches only a Conv's activation output: the executor then runs the
+    Conv and its Relu/Clip as one kernel (as without hooks) and hands the hook the same values."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    bounds = [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+    act = helper.make_node(activation, ["c"] + (["lo", "hi"] if activation == "Clip" else []), ["y"], name="act")
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]), act],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 16, 16])],
+                       [w] + (bounds if activation == "Clip" else []))
+    graph = ppqlike.load_onnx_graph(model)
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32) * 3
+    executor = ppqlike.executor.NumpyExecutor(graph)
+    apart, fused = _Recorder(False), _Recorder(True)
+    out_apart = executor.forward(x, hooks=[apart])[0]
+    out_fused = executor.forward(x, hooks=[fused])[0]
+    assert set(apart.seen) == {"conv", "act"} and set(fused.seen) == {"act"}   # the Conv's result never made
+    np.testing.assert_array_equal(fused.seen["act"][0].view(np.uint32), apart.seen["act"][0].view(np.uint32))
+    np.testing.assert_array_equal(out_fused.view(np.uint32), executor.forward(x)[0].view(np.uint32))
+    np.testing.assert_array_equal(out_apart.view(np.uint32), out_fused.view(np.uint32))

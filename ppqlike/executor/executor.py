@@ -185,7 +185,10 @@ class NumpyExecutor:
                 replaced = hook.before_operation(operation, arguments)
                 if replaced is not None:
                     arguments, grids_of_arguments = list(replaced), ()  # a hook's values may lie anywhere
-            partner = plan.fusions.get(index) if not hooks else None
+            partner = plan.fusions.get(index)
+            if partner is not None and hooks and not all(
+                    hook.lets_fuse(operation, plan.steps[partner].operation) for hook in hooks):
+                partner = None   # a hook reads a value the fused kernel never makes
             fuses, bounds, clip, edges, inside = self._fusion(plan, step, partner, arguments, values, runtime,
                                                               hooks)
             try:
@@ -217,6 +220,10 @@ class NumpyExecutor:
                 results = activate_in_place(activation.operation, activation.outputs, results[0], bounds, grids,
                                             lies_on, clipped=clip is not None, on_edges=on_edges)
                 fused_into[partner] = True
+                for hook in hooks:   # (the hooks let it fuse: they read the activation's outputs at most)
+                    replaced = hook.after_operation(activation.operation, [], results)
+                    if replaced is not None:
+                        results = list(replaced)
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
                 release_values(step, values)
@@ -224,7 +231,7 @@ class NumpyExecutor:
             on_output_grid = on_output_grid or (not hooks and moves_grid(operation, step.inputs, grids))
             results = quantize_outputs(operation, results, step.outputs, grids, on_output_grid,
                                        fresh_results(operation, results, arguments))
-            if partner is not None and not fuses and not runtime \
+            if partner is not None and not fuses and not runtime and not hooks \
                     and self._activate_on_grid(plan.steps[partner], step, results, values, grids):
                 fused_into[partner] = True   # the quantized result, which the activation clips to grid edges
                 release_values(step, values)

@@ -28,6 +28,12 @@ class OperationHook:
     def after_operation(self, operation: Operation, inputs: list, outputs: list) -> list | None:
         return None
 
+    def lets_fuse(self, producer: Operation, activation: Operation) -> bool:
+        """Whether the executor may run ``producer`` (a Conv, Gemm, ...) and the Relu/Clip reading it as one
+        kernel: the hook then sees neither the producer's outputs nor the activation's inputs (never made),
+        and the activation's ``after_operation`` gets ``inputs=[]``.  False here: every value is seen."""
+        return False
+
     #: True: the hook also sees the ops of the bodies of If/Loop/Scan (each time a body runs).
     reaches_bodies = False
 

@@ -50,6 +50,10 @@ class _ObserverHook(OperationHook):
         for slot, observer in self.watched_outputs.get(operation.name, ()):
             observer.observe(outputs[slot])
 
+    def lets_fuse(self, producer: Operation, activation: Operation) -> bool:
+        """A Conv and its Relu/Clip run as one kernel unless the Conv's output is watched itself."""
+        return producer.name not in self.watched_outputs and activation.name not in self.watched_inputs
+
 
 def _checked(batches: Iterable, graph: Graph):
     for batch in batches:
