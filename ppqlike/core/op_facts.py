@@ -41,6 +41,9 @@ POINTWISE_ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoi
                                    "HardSwish", "Softplus", "Softsign", "Elu", "Selu", "Celu", "Gelu", "Erf", "Exp",
                                    "Softmax", "LogSoftmax"})
 
+#: Elementwise ops that, with constant other operands, only shift or scale a tensor (a MatMul's bias Add).
+AFFINE_TYPES = frozenset({"Add", "Sub", "Mul", "Div"})
+
 #: Ops that pass their first input through unchanged at inference.
 PASS_THROUGH_TYPES = frozenset({"Identity", "Dropout"})
 

@@ -219,11 +219,8 @@ class NumpyExecutor:
                 lies_on = output_grid(operation) if on_output_grid else None   # where the integer kernel put it
                 results = activate_in_place(activation.operation, activation.outputs, results[0], bounds, grids,
                                             lies_on, clipped=clip is not None, on_edges=on_edges)
-                fused_into[partner] = True
-                for hook in hooks:   # (the hooks let it fuse: they read the activation's outputs at most)
-                    replaced = hook.after_operation(activation.operation, [], results)
-                    if replaced is not None:
-                        results = list(replaced)
+                fused_into[partner] = True   # (the hooks let it fuse: they read the activation's outputs at most)
+                results = self._after_hooks(hooks, activation.operation, [], results, activation.outputs, grids)
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
                 release_values(step, values)
@@ -236,12 +233,7 @@ class NumpyExecutor:
                 fused_into[partner] = True   # the quantized result, which the activation clips to grid edges
                 release_values(step, values)
                 continue
-            for hook in hooks:
-                replaced = hook.after_operation(operation, arguments, results)
-                if replaced is not None:
-                    results = list(replaced)
-                    for name in step.outputs:  # a hook's values may lie anywhere
-                        grids.pop(name, None)
+            results = self._after_hooks(hooks, operation, arguments, results, step.outputs, grids)
             for name, value in zip(step.outputs, results):
                 values[name] = value
             release_values(step, values)
@@ -315,6 +307,18 @@ class NumpyExecutor:
         elif fuses:
             clip = clip_epilogue(bounds)
         return fuses, bounds, clip, edges, inside
+
+    @staticmethod
+    def _after_hooks(hooks, operation: Operation, arguments: list, results: list, names, grids: dict) -> list:
+        """``results`` of ``operation`` (its outputs ``names``) as its hooks' ``after_operation`` leave them; a
+        replaced value may lie anywhere, so the grids of those outputs are forgotten."""
+        for hook in hooks:
+            replaced = hook.after_operation(operation, arguments, results)
+            if replaced is not None:
+                results = list(replaced)
+                for name in names:
+                    grids.pop(name, None)
+        return results
 
     def _activate_on_grid(self, activation: Step, step: Step, results: list, values: dict, grids: dict) -> bool:
         """Run ``activation``, the Relu/Clip that alone reads ``step``'s quantized result, in place on it by

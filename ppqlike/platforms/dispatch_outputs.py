@@ -26,15 +26,13 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..core.ir import Graph, Operation, Variable
-from ..core.op_facts import COMPUTING_TYPES, POINTWISE_ACTIVATIONS
+from ..core.op_facts import AFFINE_TYPES, COMPUTING_TYPES, POINTWISE_ACTIVATIONS
 from .dispatch_soi import soi_input_indices, value_uses
 from .target import TargetPlatform
 
 __all__ = ["output_writers"]
 
 _FP32, _SOI = TargetPlatform.FP32, TargetPlatform.SOI
-#: elementwise ops that, with constant other operands, only shift or scale a value on its way out
-_AFFINE_TYPES = frozenset({"Add", "Sub", "Mul", "Div"})
 
 
 def _live_outputs(operation: Operation, outputs: set[str]) -> list[Variable]:
@@ -53,7 +51,7 @@ def output_writers(graph: Graph, order: list[Operation], labels: Mapping[str, Ta
         """Whether ``reader`` hands ``variable``'s values on to the outputs without computing on them in 8 bits."""
         alone = all(value is None or value is variable or value.is_parameter for value in reader.inputs)
         if not (labels.get(reader.name) is _FP32 or reader.type in passthrough
-                or (alone and (reader.type in _AFFINE_TYPES or reader.type in POINTWISE_ACTIVATIONS))):
+                or (alone and (reader.type in AFFINE_TYPES or reader.type in POINTWISE_ACTIVATIONS))):
             return False
         live = _live_outputs(reader, outputs)
         return bool(live) and all(reaches_outputs(result) for result in live)
@@ -73,8 +71,8 @@ def output_writers(graph: Graph, order: list[Operation], labels: Mapping[str, Ta
             continue
         live = _live_outputs(operation, outputs)
         if live and all(reaches_outputs(variable) for variable in live):
-            writers.append(operation)
-    computing = [op for op in order if labels.get(op.name) is target and op.type in COMPUTING_TYPES]
-    if computing and all(op in writers for op in computing):   # a model that is its last layer stays quantized
+            writers.append(operation.name)
+    computing = [op.name for op in order if labels.get(op.name) is target and op.type in COMPUTING_TYPES]
+    if computing and set(computing) <= set(writers):   # a model that is its last layer stays quantized
         return []
-    return [operation.name for operation in writers]
+    return writers

@@ -32,7 +32,6 @@ class ChoiceObserver(Observer):
     """Feeds every candidate observer; :meth:`choose` picks the one the others read from."""
 
     algorithm = "auto"
-    _extremes = None   # each sample's (min, max) of the batch being folded in, when computed already
 
     def __init__(self, config, candidates=CANDIDATES):
         self.candidates = {name: _TYPES[name](config) for name in candidates}
@@ -58,15 +57,14 @@ class ChoiceObserver(Observer):
         extremes = mean.sample_extremes(value, x3)
         lo, hi = self._checked_extremes(extremes[0].min(axis=0).astype(np.float64),
                                         extremes[1].max(axis=0).astype(np.float64))
-        self._extremes = extremes
-        try:
-            self.observe_viewed(value, x3, lo, hi)
-        finally:
-            self._extremes = None
+        self._fold_in(value, x3, lo, hi, extremes)
 
     def observe_viewed(self, value, x3: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
         """Every candidate folds in the batch as viewed here, its extremes computed once for all of them."""
-        extremes = self._extremes
+        self._fold_in(value, x3, lo, hi, None)
+
+    def _fold_in(self, value, x3: np.ndarray, lo: np.ndarray, hi: np.ndarray, extremes: tuple | None) -> None:
+        """:meth:`observe_viewed`, the mean min-max candidate handed its per-sample ``extremes`` when known."""
         for name, observer in self.candidates.items():
             if name == "mean_minmax" and extremes is not None:
                 observer.observe_extremes(value, x3, lo, hi, extremes)

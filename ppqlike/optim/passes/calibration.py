@@ -22,7 +22,7 @@ from ...core import numerics
 from ...core.errors import CalibrationDataError
 from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
-from ...core.op_facts import VALUE_PRESERVING_TYPES
+from ...core.op_facts import AFFINE_TYPES, VALUE_PRESERVING_TYPES
 from ...core.quant_graph import configured_operations, input_config, output_config
 from ...executor import NumpyExecutor, OperationHook
 from ..base import CollatedShard, QuantizationOptimizationPass, iterate_calibration
@@ -95,10 +95,6 @@ def observer_hook(observers: list) -> _ObserverHook:
     return _ObserverHook(inputs_watch, outputs_watch)
 
 
-#: elementwise ops that, with a constant other operand, only shift or scale a tensor (a MatMul's bias Add)
-_AFFINE_TYPES = frozenset({"Add", "Sub", "Mul", "Div"})
-
-
 def _terminal(variable, graph_outputs: set[str]) -> bool:
     """Whether no quantized computation reads ``variable``: it is a graph output, or each reader leaves it
     float, or is a value-preserving op (Reshape, Flatten, ...) or an Add/Sub/Mul/Div of a constant (the bias
@@ -110,7 +106,7 @@ def _terminal(variable, graph_outputs: set[str]) -> bool:
         if all(c is None or c.state in (S.FP32, S.SOI, S.DEACTIVATED) for c in configs):
             continue
         passes_through = reader.type in VALUE_PRESERVING_TYPES or (
-            reader.type in _AFFINE_TYPES and all(v is variable or (v is not None and v.is_parameter)
+            reader.type in AFFINE_TYPES and all(v is variable or (v is not None and v.is_parameter)
                                                  for v in reader.inputs))
         if passes_through and all(_terminal(out, graph_outputs) for out in reader.outputs):
             continue
