@@ -16,6 +16,7 @@ from ppqlike.optim.observers import (
     OBSERVER_TYPES, HistogramObserver, KLObserver, MeanMinMaxObserver, MinMaxObserver, MSEObserver, Observer,
     PercentileObserver, SearchObserver, kl_best_bins, kl_divergences, make_observer,
 )
+from ppqlike.optim.observers.histogram import SAMPLED_VALUES, sample_stride
 
 ALGORITHMS = ["minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search", "auto", "unit"]
 HISTOGRAM_ALGORITHMS = ["percentile", "kl", "mse", "search"]
@@ -229,6 +230,34 @@ def test_rebinning_keeps_counts_exact_across_many_range_changes():
     once.observe(np.concatenate(batches))
     np.testing.assert_array_equal(step.signed_histogram(), once.signed_histogram())
     assert float(step.range_max[0]) > np.abs(np.concatenate(batches)).max() >= float(step.range_max[0]) / 2
+
+
+@given(size=st.integers(1, 10**9), limit=st.integers(1, 1 << 20))
+@settings(max_examples=200, deadline=None)
+def test_sample_stride_is_a_prime_that_divides_no_dimension(size, limit):
+    stride = sample_stride(size, limit)
+    if size <= limit:
+        assert stride == 1
+        return
+    assert all(stride % d for d in range(2, int(stride ** 0.5) + 1)) and stride >= 2   # prime
+    assert size % stride != 0                       # so it divides none of the dimensions multiplying to size
+    assert -(-size // stride) <= limit              # at most ``limit`` values binned
+
+
+def test_a_large_tensor_bins_its_strided_sample_and_keeps_exact_extremes():
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, 16, 64, 80)).astype(np.float32)   # 327680 values > SAMPLED_VALUES
+    x.reshape(-1)[0] = 9.0                                       # the absolute maximum is in the sample
+    x.reshape(-1)[1] = -12.5                                     # and the minimum is not
+    stride = sample_stride(x.size)
+    assert stride > 1 and -(-x.size // stride) <= SAMPLED_VALUES
+    whole, sample = observer("mse"), observer("mse")
+    whole.observe(x)
+    sample.observe(x.reshape(-1)[::stride])
+    assert float(whole._min[0]) == -12.5 and float(whole._max[0]) == 9.0        # exact, not sampled
+    assert float(whole.range_max[0]) == 16.0 and float(sample.range_max[0]) == 16.0
+    np.testing.assert_array_equal(whole.signed_histogram(), sample.signed_histogram())
+    assert whole.signed_histogram().sum() == -(-x.size // stride)
 
 
 # ------------------------------------------------------------- percentile --

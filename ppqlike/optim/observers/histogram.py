@@ -27,6 +27,17 @@ between ``bins/2`` and ``bins`` bins cover it (TensorRT stretches exactly
 ``bins`` bins over [0, absmax], which cannot be re-binned exactly).  Pass a
 larger ``bins`` for finer histograms.
 
+Large tensors are sampled
+-------------------------
+A per-tensor histogram bins at most ``SAMPLED_VALUES`` values of each
+observed batch: every ``p``-th value of the flattened tensor, ``p`` the
+smallest prime with ``size / p <= SAMPLED_VALUES`` that does not divide the
+size (so it divides no dimension, and the sample walks every row, column,
+channel and image instead of striding in step with one).  The extremes
+that fix ``R`` (and the min/max candidates) stay exact; only the counts
+are a sample.  Counts still merge exactly, batch by batch, so a run sharded
+by whole batches (Ray) gives the local counts.
+
 Binning is vectorised: ``y = floor(x * bins / R) + bins`` in the input's
 float dtype, in chunks of 2^18 values that stay in cache, cast to intp and
 counted with ``np.bincount`` (about 3x faster than ``np.histogram``).
@@ -41,10 +52,11 @@ from ppqlike.executor.ops._threads import parallel_items
 
 from .base import Observer
 
-__all__ = ["HistogramObserver", "PercentileObserver", "histogram_quantile"]
+__all__ = ["HistogramObserver", "PercentileObserver", "histogram_quantile", "sample_stride"]
 
 E_MIN = -100          # ranges are at least 2^-100 (values below land in the bins next to 0)
 _CHUNK = 1 << 18      # values binned per step (float buffer ~1 MiB, index buffer ~2 MiB)
+SAMPLED_VALUES = 1 << 18   # a per-tensor histogram bins at most this many values of a batch
 
 
 def _range_exponent(absmax: np.ndarray) -> np.ndarray:
@@ -53,6 +65,16 @@ def _range_exponent(absmax: np.ndarray) -> np.ndarray:
     _, e = np.frexp(absmax)        # absmax = m * 2^e, m in [0.5, 1): absmax < 2^e
     e = np.where(absmax > 0, e, E_MIN)
     return np.maximum(e, E_MIN).astype(np.int64)
+
+
+def sample_stride(size: int, limit: int = SAMPLED_VALUES) -> int:
+    """1 when ``size <= limit``; else the smallest prime p >= size / limit that does not divide ``size``."""
+    if size <= limit:
+        return 1
+    p = max(2, -(-size // limit))
+    while size % p == 0 or any(p % d == 0 for d in range(2, int(p ** 0.5) + 1)):
+        p += 1
+    return p
 
 
 def histogram_quantile(hist: np.ndarray, start, width, q: float, data_min=None, data_max=None) -> np.ndarray:
@@ -144,6 +166,7 @@ class HistogramObserver(Observer):
         nb = 2 * bins
         if channels == 1:
             flat = x3.reshape(-1)
+            flat = flat[::sample_stride(flat.size)]
             step = max(1, min(flat.size, _CHUNK))
             chunks = [(flat[start:start + step], scale[0], bins) for start in range(0, flat.size, step)]
         else:
