@@ -16,7 +16,7 @@ from ppqlike.optim.observers import (
     OBSERVER_TYPES, HistogramObserver, KLObserver, MeanMinMaxObserver, MinMaxObserver, MSEObserver, Observer,
     PercentileObserver, SearchObserver, kl_best_bins, kl_divergences, make_observer,
 )
-from ppqlike.optim.observers.histogram import SAMPLED_VALUES, sample_stride
+from ppqlike.optim.observers.histogram import SAMPLED_VALUES, TAIL_SHARE, sample_stride
 
 ALGORITHMS = ["minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search", "auto", "unit"]
 HISTOGRAM_ALGORITHMS = ["percentile", "kl", "mse", "search"]
@@ -244,20 +244,31 @@ def test_sample_stride_is_a_prime_that_divides_no_dimension(size, limit):
     assert -(-size // stride) <= limit              # at most ``limit`` values binned
 
 
-def test_a_large_tensor_bins_its_strided_sample_and_keeps_exact_extremes():
+def test_a_large_tensor_bins_a_strided_sample_and_its_whole_tail():
     rng = np.random.default_rng(11)
     x = rng.standard_normal((4, 16, 64, 80)).astype(np.float32)   # 327680 values > SAMPLED_VALUES
-    x.reshape(-1)[0] = 9.0                                       # the absolute maximum is in the sample
-    x.reshape(-1)[1] = -12.5                                     # and the minimum is not
+    x.reshape(-1)[1] = -12.5                                     # the extremes, outside the sample
+    x.reshape(-1)[2] = 9.0
     stride = sample_stride(x.size)
     assert stride > 1 and -(-x.size // stride) <= SAMPLED_VALUES
-    whole, sample = observer("mse"), observer("mse")
-    whole.observe(x)
-    sample.observe(x.reshape(-1)[::stride])
-    assert float(whole._min[0]) == -12.5 and float(whole._max[0]) == 9.0        # exact, not sampled
-    assert float(whole.range_max[0]) == 16.0 and float(sample.range_max[0]) == 16.0
-    np.testing.assert_array_equal(whole.signed_histogram(), sample.signed_histogram())
-    assert whole.signed_histogram().sum() == -(-x.size // stride)
+    seen = observer("mse")
+    seen.observe(x)
+    assert float(seen._min[0]) == -12.5 and float(seen._max[0]) == 9.0        # exact, not sampled
+    assert float(seen.range_max[0]) == 16.0
+    bins = seen.bins
+    index = lambda values: (np.floor(values.astype(np.float64) * bins / 16.0) + bins).astype(np.int64)  # noqa: E731
+    whole = np.bincount(index(x.reshape(-1)), minlength=2 * bins)
+    sample = np.bincount(index(x.reshape(-1)[::stride]), minlength=2 * bins)
+    magnitude = sample[bins:] + sample[bins - 1::-1]
+    at_or_above = np.cumsum(magnitude[::-1])[::-1]
+    first = int(np.argmax(at_or_above <= -(-at_or_above[0] // TAIL_SHARE)))
+    tail = np.zeros(2 * bins, bool)
+    tail[bins + first:] = tail[:bins - first] = True
+    expected = np.where(tail, whole, stride * sample)
+    np.testing.assert_array_equal(seen.signed_histogram()[0], expected)
+    assert 0 < first < bins and whole[tail].sum() >= x.size // 200            # the tail: every value counted
+    assert whole[tail].sum() >= 3 and seen.signed_histogram()[0, index(np.float32([-12.5, 9.0]))].min() >= 1
+    assert abs(expected.sum() - x.size) < 0.01 * x.size
 
 
 # ------------------------------------------------------------- percentile --
