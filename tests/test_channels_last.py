@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from onnx import helper
 
 import ppqlike
-from ppqlike.executor.ops import _conv_channels_last
+from ppqlike.executor.ops import _conv_channels_last, _conv_expand_chain
 from onnx_helpers import make_model, run_onnxruntime, single_node_model
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -196,7 +196,7 @@ def test_expansion_epilogue_gives_the_bytes_of_the_convolutions_one_by_one(strid
     w1, b1 = np.rint(_data(24, 8, 1, 1, seed=22) * 3), _data(24, seed=23)
     w2, b2 = _data(24, 1, 3, 3, seed=24), _data(24, seed=25)
     geometry = ((1, 1, 1, 1), (stride, stride), (1, 1))
-    chained = _conv_channels_last.expand_then_depthwise(x, (w1, b1, epilogue), (w2, b2, None), *geometry)
+    chained = _conv_expand_chain.expand_then_depthwise(x, (w1, b1, epilogue), (w2, b2, None), *geometry)
     expanded = _conv_channels_last.pointwise(x, w1, b1, np.float32, epilogue)
     one_by_one = _conv_channels_last.depthwise(expanded, w2, b2, *geometry, np.float32)
     assert chained is not None and chained.tobytes() == one_by_one.tobytes()
@@ -340,7 +340,7 @@ def test_expansion_depthwise_and_projection_as_one_kernel_equal_the_three(stride
         _conv_channels_last.depthwise(_conv_channels_last.pointwise(x, w1, b1, np.float32, clip), w2, b2,
                                       (1, 1, 1, 1), (stride, stride), (1, 1), np.float32, clip),
         w3, b3, np.float32, clip)
-    joined = _conv_channels_last.expand_then_depthwise(x, (w1, b1, clip), (w2, b2, clip), (1, 1, 1, 1),
+    joined = _conv_expand_chain.expand_then_depthwise(x, (w1, b1, clip), (w2, b2, clip), (1, 1, 1, 1),
                                                        (stride, stride), (1, 1), (w3, b3, clip))
     np.testing.assert_array_equal(joined, separate)
     assert _conv_channels_last.is_channels_last(joined)
@@ -355,9 +355,9 @@ def test_expansion_and_depthwise_as_one_kernel_equal_the_two(stride, size, bias)
     clip = lambda block, out=None: np.clip(block, 0, 6, out=block if out is None else out)   # noqa: E731
     separate = _conv_channels_last.depthwise(_conv_channels_last.pointwise(x, w1, b1, np.float32, clip), w2, b2,
                                              (1, 1, 1, 1), (stride, stride), (1, 1), np.float32, clip)
-    joined = _conv_channels_last.expand_then_depthwise(x, (w1, b1, clip), (w2, b2, clip), (1, 1, 1, 1),
+    joined = _conv_expand_chain.expand_then_depthwise(x, (w1, b1, clip), (w2, b2, clip), (1, 1, 1, 1),
                                                        (stride, stride), (1, 1))
     np.testing.assert_array_equal(joined, separate)
     assert _conv_channels_last.is_channels_last(joined)
-    assert _conv_channels_last.expand_then_depthwise(np.ascontiguousarray(x), (w1, b1, clip), (w2, b2, clip),
+    assert _conv_expand_chain.expand_then_depthwise(np.ascontiguousarray(x), (w1, b1, clip), (w2, b2, clip),
                                                      (1, 1, 1, 1), (stride, stride), (1, 1)) is None   # NCHW input

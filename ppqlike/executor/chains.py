@@ -22,7 +22,7 @@ from .fusion import activation_bounds, grid_edges, quantizing_epilogue
 from .integer_codes import integer_codes
 from .integer_chains import conv_codes, expand_then_depthwise_codes, input_on_grid
 from .onnxruntime_kernels import applied_root
-from .ops._conv_channels_last import expand_then_depthwise
+from .ops._conv_expand_chain import expand_then_depthwise
 from .ops._prepared import prepared
 from .ops.conv import conv2d_geometry
 from .ops.tensor import zero_spatial_pads

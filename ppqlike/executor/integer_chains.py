@@ -31,7 +31,7 @@ from ..core.quant_graph import input_config, overlapped_root
 from .integer_codes import Codes, bias_codes, code_bound, grid_facts, integer_codes, largest_magnitude, per_tensor
 from .onnxruntime_kernels import (EXACT_F32, activation_fused, applied_root, channel_multiplier, clamp_codes,
                                   integer_configs, parameter_value, product_bounds, split_bias, wrap_int32)
-from .ops._conv_channels_last import expand_then_depthwise
+from .ops._conv_expand_chain import expand_then_depthwise
 from .ops._prepared import prepared
 from .requantizing_kernels import (Requantize, as_dtype, parameter_codes, requantization_of, requantizing_configs,
                                    summation, wants_requantizing_kernel)
