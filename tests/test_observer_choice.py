@@ -67,7 +67,10 @@ def test_the_closest_candidate_is_kept_and_the_graph_is_its_own(platform, outlie
     errors = report["observer_errors"]
     assert list(errors) == list(CANDIDATES)
     assert report["observer_chosen"] == min(errors, key=errors.get)
-    assert report["observer_chosen_on"] == 64   # the held-aside batch (the last of five), then the first three
+    # the held-aside batch (the last of five), then the first three; the first half only when one candidate
+    # is left after it
+    alone_at_half = len(report["observer_dropped_at_half"]) == len(CANDIDATES) - 1
+    assert report["observer_chosen_on"] == (32 if alone_at_half else 64)
     alone = _quantize(model, batches, report["observer_chosen"], platform)
     assert _ranges(graph) == _ranges(alone)
 
@@ -107,7 +110,11 @@ def test_a_candidate_far_behind_at_half_is_dropped_without_changing_the_choice(m
     full_errors = _report(full)["observer_errors"]
     assert _report(full)["observer_dropped_at_half"] == []
     kept = [name for name in CANDIDATES if name not in dropped]
-    assert {name: errors[name] for name in kept} == {name: full_errors[name] for name in kept}
+    if len(kept) > 1:   # measured on every sample, as in the full run
+        assert {name: errors[name] for name in kept} == {name: full_errors[name] for name in kept}
+        assert report["observer_chosen_on"] == _report(full)["observer_chosen_on"]
+    else:               # one left at half: the second half is not measured
+        assert report["observer_chosen_on"] < _report(full)["observer_chosen_on"]
     assert report["observer_chosen"] == _report(full)["observer_chosen"] == min(full_errors, key=full_errors.get)
     assert _ranges(graph) == _ranges(full)
     assert dropped   # on these data a candidate is far behind, so the test sees a drop

@@ -197,26 +197,30 @@ def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, he
     the output error (1 - mean per-sample cosine against FP32) on up to CHOICE_SAMPLES calibration samples
     (held-aside ones first), and keep the candidate with the smaller error.  A candidate whose error on the
     first half of the samples is CHOICE_DROP_RATIO times the best one's or more is not measured on the second
-    (its error is reported on the first half).  Returns what was measured."""
+    (its error is reported on the first half); when one candidate is left, the second half is not measured
+    (nor run in float).  Returns what was measured."""
     choosing = [observer for _, observer, *_ in observers if isinstance(observer, ChoiceObserver)]
     if not choosing:
         return {}
     batches = _choice_batches(held_aside, first_batches)
     if not batches:
         return {"observer_chosen": choosing[0].chosen, "observer_errors": {}}
-    references = references_of(batches, graph, executor, float_references)
     half = _half_point(batches)
     cosines = {name: [] for name in choosing[0].candidates}
-    errors, measured = {}, list(cosines)
+    errors, measured, measured_on = {}, list(cosines), 0
     for start, stop in ((0, half), (half, len(batches))):
-        for name in measured if stop > start else ():
+        if stop <= start or (start > 0 and len(measured) == 1):
+            break
+        references = references_of(batches[start:stop], graph, executor, float_references)
+        for name in measured:
             for observer in choosing:
                 observer.choose(name)
                 render(observer, unsigned)
             cosines[name] += [sample_cosines(executor.forward(batch), reference)
-                              for batch, reference in zip(batches[start:stop], references[start:stop])]
+                              for batch, reference in zip(batches[start:stop], references)]
             error = float(1.0 - np.mean(np.concatenate(cosines[name])))
             errors[name] = error if error == error else float("inf")
+        measured_on += sum(sample_count(batch) for batch in batches[start:stop])
         if start == 0:
             least = min(errors.values())
             measured = [name for name in measured if errors[name] < CHOICE_DROP_RATIO * least or errors[name] == least]
@@ -225,7 +229,7 @@ def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, he
         observer.choose(best)
         render(observer, unsigned)
     return {"observer_chosen": best, "observer_errors": {k: round(v, 6) for k, v in errors.items()},
-            "observer_chosen_on": int(sum(sample_count(b) for b in batches)),
+            "observer_chosen_on": int(measured_on),
             "observer_dropped_at_half": [name for name in cosines if name not in measured]}
 
 
