@@ -24,7 +24,7 @@ from .passes import (ActivationRangeSearchPass, AdaroundPass, BiasCorrectionPass
                      ParameterQuantizePass, PassiveParameterQuantizePass, QuantizationAlignmentPass,
                      QuantizationPlacementPass,
                      QuantizationSimplifyPass, QuantizeRefinePass, RuntimeCalibrationPass, RuntimeKernelPass,
-                     SmoothQuantPass)
+                     SequentialReconstructionPass, SmoothQuantPass)
 from .passes import AWQPass, GPTQPass, WeightOnlyQuantizePass
 from .passes.placement import graph_placement
 from .setting import QuantizationSetting
@@ -212,6 +212,10 @@ def effective_setting(setting: QuantizationSetting, policy: PlatformPolicy) -> d
 #: 100 calibration images, on this 2-core machine, those took 9 s, 9 s and ~5 s, 10% of the 240 s budget)
 ADAROUND_SHARE = 0.6
 RANGE_SEARCH_SHARE = 0.85
+#: with the sequential reconstruction: learned rounding on FP32 inputs stops at the first share, the
+#: reconstruction (which learns every layer's rounding again) at the second
+ADAROUND_SHARE_BEFORE_RECONSTRUCTION = 0.3
+RECONSTRUCTION_SHARE = 0.65
 #: samples bias correction is checked on (kept only where it brings the output closer to FP32): the protection's,
 #: so that both read the same FP32 references
 BIAS_CORRECTION_CHECK_SAMPLES = 16
@@ -251,7 +255,9 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
         passes.append(AdaroundPass(steps=setting.adaround_steps, samples=setting.adaround_samples,
                                    inputs="float", verbose=verbose > 0,
                                    # leave part of the budget to the range search, which gains more on some models
-                                   time_budget_s=budget.part(ADAROUND_SHARE) if setting.range_search else budget,
+                                   time_budget_s=budget.part(ADAROUND_SHARE_BEFORE_RECONSTRUCTION
+                                                             if setting.reconstruction else ADAROUND_SHARE)
+                                   if setting.range_search or setting.reconstruction else budget,
                                    backend=setting.calibration_backend, workers=setting.calibration_workers))
     if bodies:
         passes.append(BodyQuantizationPass(policy, setting, build_pipeline, format_for_quantization, verbose=verbose > 0))
@@ -263,6 +269,12 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
                PassiveParameterQuantizePass()]
     if policy.bias_int32:  # before the passes that measure errors: they see biases that fit
         passes.append(Int32BiasRangePass())
+    if setting.reconstruction:  # needs the activations calibrated; the range search then sees its weights
+        followed = setting.range_search or setting.bias_correction or setting.protection or \
+            setting.accuracy_target is not None
+        passes.append(SequentialReconstructionPass(samples=setting.reconstruction_samples, rows=setting.adaround_samples,
+                                                   steps=setting.adaround_steps, verbose=verbose > 0,
+                                                   time_budget=budget.part(RECONSTRUCTION_SHARE) if followed else budget))
     if setting.range_search:  # needs every range calibrated; bias correction then measures what is left
         followed = setting.bias_correction or setting.protection or setting.accuracy_target is not None
         passes.append(ActivationRangeSearchPass(samples=setting.range_search_samples, verbose=verbose > 0,

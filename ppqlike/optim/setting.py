@@ -114,7 +114,10 @@ class QuantizationSetting(PPQSettingViews):
     inputs, as NNCF's fast bias correction), ``adaround`` (learned rounding of the
     weights: ``adaround_steps`` Adam iterations per layer on
     ``adaround_samples`` rows of the layer's input, after a search of the
-    weight range),
+    weight range), ``reconstruction`` (the weights' rounding learned again layer after layer, against the
+    FP32 output from the input the quantized network feeds each layer, QDrop's dropped quantization in
+    expectation: ppqlike.optim.passes.reconstruction; ``reconstruction_samples`` calibration samples,
+    ``adaround_steps`` iterations and ``adaround_samples`` rows per layer),
     ``smooth_quant`` (SmoothQuant: LayerNorm output outliers moved into the next weights;
     ``smooth_quant_alpha`` the migration strength, None: chosen per LayerNorm on the calibration data),
     ``range_search`` (each per-tensor activation range chosen again by the error it causes at its
@@ -173,6 +176,8 @@ class QuantizationSetting(PPQSettingViews):
     adaround: bool = False
     adaround_steps: int = 500
     adaround_samples: int = 4096
+    reconstruction: bool = False
+    reconstruction_samples: int = 32
     smooth_quant: bool = False
     smooth_quant_alpha: float | None = None
     range_search: bool = False
@@ -224,7 +229,8 @@ class QuantizationSetting(PPQSettingViews):
             raise PlatformError(f"setting.calibration_backend {self.calibration_backend!r} is unknown; choose "
                                 "'local' or 'ray'")
         for name in ("search_batches", "calibration_workers", "equalization_iterations", "adaround_steps",
-                     "adaround_samples", "mixed_precision_batches", "range_search_samples"):
+                     "adaround_samples", "mixed_precision_batches", "range_search_samples",
+                     "reconstruction_samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlatformError(f"setting.{name} must be a positive integer, got {value!r}")

@@ -15,6 +15,7 @@ from .passive import PassiveParameterQuantizePass
 from .placement import QuantizationPlacementPass
 from .protection import LayerProtectionPass
 from .range_search import ActivationRangeSearchPass
+from .reconstruction import SequentialReconstructionPass
 from .refine import QuantizeRefinePass
 from .requantization import IntegerRequantizationPass
 from .runtime_kernels import RuntimeKernelPass
@@ -29,4 +30,4 @@ __all__ = ["QuantizeRefinePass", "FusionPass", "QuantizationSimplifyPass", "Para
            "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass",
            "RuntimeKernelPass", "SmoothQuantPass", "ActivationRangeSearchPass", "Int32BiasRangePass",
            "QuantizationPlacementPass", "LayerProtectionPass", "BodyQuantizationPass",
-           "AWQPass", "GPTQPass", "WeightOnlyQuantizePass"]
+           "AWQPass", "GPTQPass", "WeightOnlyQuantizePass", "SequentialReconstructionPass"]

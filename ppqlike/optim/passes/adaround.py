@@ -118,16 +118,18 @@ __all__ = ["AdaroundPass", "learn_rounding", "nearest_rounding", "search_weight_
 S = QuantizationStates
 
 
-def _supported(operation: Operation, graph: Graph) -> str | None:
-    """Why ``operation`` cannot be learned-rounded (None: it can)."""
+def rounding_unsupported(operation: Operation, states: tuple = (S.ACTIVATED,)) -> str | None:
+    """Why ``operation``'s weight cannot be learned-rounded (None: it can): a Conv (2-D) or Gemm whose weight
+    is a parameter of its own, its config in one of ``states`` with a scale."""
     if operation.type not in ("Conv", "Gemm") or len(operation.inputs) < 2:
         return "not a Conv or Gemm"
     weight = operation.inputs[1]
     if weight is None or not weight.is_parameter or any(c is not operation for c in weight.consumers):
         return "weight is not a parameter of its own"
     config = input_config(operation, 1)
-    if config is None or config.state is not S.ACTIVATED or config.scale is None:
-        return f"weight config is {None if config is None else config.state.name}, not ACTIVATED"
+    if config is None or config.state not in states or config.scale is None:
+        return f"weight config is {None if config is None else config.state.name}, not " \
+               f"{' or '.join(state.name for state in states)}"
     if operation.type == "Gemm" and operation.attributes.get("transA", 0):
         return "Gemm with transA"
     if operation.type == "Conv" and conv_geometry(operation, weight.value) is None:
@@ -175,7 +177,7 @@ class AdaroundPass(QuantizationOptimizationPass):
         for operation in configured_operations(graph):
             if operation.type not in ("Conv", "Gemm"):
                 continue
-            reason = _supported(operation, graph)
+            reason = rounding_unsupported(operation)
             if reason is None:
                 stats[operation.name] = LayerStatistics(operation)
             else:

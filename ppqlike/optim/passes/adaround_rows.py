@@ -139,10 +139,11 @@ class RowHook(OperationHook):
         stat = self.stats.get(operation.name)
         if stat is not None:
             x = np.asarray(inputs[0])
-            stat.add(self._rows(operation, x, self._sample(operation, x)))
+            stat.add(self.rows_at(operation, x, self.sample_positions(operation, x)))
         return None
 
-    def _sample(self, operation: Operation, x: np.ndarray):
+    def sample_positions(self, operation: Operation, x: np.ndarray):
+        """``per_batch`` output positions of ``operation`` on input ``x``, drawn without replacement."""
         if operation.type == "Gemm":
             count = x.shape[0]
             return np.sort(self.rng.choice(count, size=min(count, self.per_batch), replace=False))
@@ -156,7 +157,7 @@ class RowHook(OperationHook):
         return n, rest // out_w, rest % out_w
 
     @staticmethod
-    def _rows(operation: Operation, x: np.ndarray, indices) -> np.ndarray:
+    def rows_at(operation: Operation, x: np.ndarray, indices) -> np.ndarray:
         """The sampled rows as [G, r, K] float64."""
         if operation.type == "Gemm":
             return x[indices].astype(np.float64)[None]
@@ -173,3 +174,78 @@ class RowHook(OperationHook):
         count, channels = patches.shape[:2]
         grouped = patches.reshape(count, group, channels // group * kh * kw)
         return grouped.transpose(1, 0, 2)                                              # [G, r, K]
+
+
+class TargetStatistics:
+    """One layer's reconstruction of its FP32 output from the input the quantized network feeds it (the
+    sequential reconstruction, ``reconstruction.py``): the target is W x_f (x_f the FP32 input), the input
+    x_m is the quantized input x_q where its quantization is kept and x_f where it is dropped, each element
+    dropped with probability ``drop`` (QDrop), the error taken in expectation over the drops.  With
+    D = W~ - W, A = (1 - drop) X_q + drop X_f (rows of the layer's input at the same positions):
+
+        E||X_m W~^T - X_f W^T||^2 = tr(D G D^T) + 2 tr(D B^T) + sum_o c_o
+        G = A^T A + diag(sum over rows of drop (1 - drop) (x_q - x_f)^2)       (= E[X_m^T X_m])
+        B = W (G - X_f^T A),    c_o = w_o (G - X_f^T A - A^T X_f + X_f^T X_f) w_o^T
+
+    so the gradient is 2 (D G + B) / rows.  The same interface as :class:`LayerStatistics` (which is the
+    case x_q = x_f), so :func:`~.adaround_rounding.learn_rounding` optimizes either."""
+
+    def __init__(self, operation: Operation, drop: float = 0.5):
+        self.name = operation.name
+        self.weight = as_groups(operation, operation.inputs[1].value.astype(np.float64))   # [G, O, K]
+        self.groups, self.out, self.k = self.weight.shape
+        self.drop, self.rows = float(drop), 0
+        self.gram = np.zeros((self.groups, self.k, self.k))          # G
+        self.cross = np.zeros((self.groups, self.k, self.k))         # X_f^T A
+        self.float_gram = np.zeros((self.groups, self.k, self.k))    # X_f^T X_f
+        self.offset = self.constant = self._single = None
+
+    def add(self, quantized_rows: np.ndarray, float_rows: np.ndarray) -> None:
+        """Rows [G, r, K] of the quantized and the FP32 input at the same positions."""
+        mixed = (1.0 - self.drop) * quantized_rows + self.drop * float_rows
+        spread = self.drop * (1.0 - self.drop) * np.sum((quantized_rows - float_rows) ** 2, axis=1)   # [G, K]
+        float_t = float_rows.transpose(0, 2, 1)
+        self.gram += np.matmul(mixed.transpose(0, 2, 1), mixed)
+        self.gram[:, np.arange(self.k), np.arange(self.k)] += spread
+        self.cross += np.matmul(float_t, mixed)
+        self.float_gram += np.matmul(float_t, float_rows)
+        self.rows += quantized_rows.shape[1]
+
+    def finish(self) -> None:
+        """B and c from the accumulated matrices (once, after the last rows)."""
+        if self.offset is None:
+            self.offset = np.matmul(self.weight, self.gram - self.cross)                          # [G, O, K]
+            middle = self.gram - self.cross - self.cross.transpose(0, 2, 1) + self.float_gram
+            self.constant = np.sum(np.matmul(self.weight, middle) * self.weight, axis=2)          # [G, O]
+
+    def release(self) -> None:
+        self.gram = self.cross = self.float_gram = self.offset = self._single = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in (self.gram, self.cross, self.float_gram) if a is not None))
+
+    @property
+    def energy(self) -> float:
+        """||W x_f||^2 summed over the rows."""
+        return float(np.sum(np.matmul(self.weight, self.float_gram) * self.weight))
+
+    def channel_errors(self, approx: np.ndarray) -> np.ndarray:
+        """E||approx x_m - W x_f||^2 per output channel, [G, O]."""
+        self.finish()
+        delta = approx - self.weight
+        return np.sum(np.matmul(delta, self.gram) * delta, axis=2) + 2.0 * np.sum(delta * self.offset, axis=2) \
+            + self.constant
+
+    def gradient(self, approx: np.ndarray) -> np.ndarray:
+        """d loss / d approx in float32."""
+        self.finish()
+        if self._single is None:
+            self._single = (self.gram.astype(np.float32), self.offset.astype(np.float32))
+        gram, offset = self._single
+        delta = (approx - self.weight).astype(np.float32)
+        return (np.matmul(delta, gram) + offset) * np.float32(2.0 / self.rows)
+
+    def loss(self, approx: np.ndarray) -> float:
+        """The expected reconstruction loss per row of a weight ``approx`` [G, O, K], in float64."""
+        return max(float(self.channel_errors(approx).sum()) / self.rows, 0.0)

@@ -52,8 +52,9 @@ from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.quant_graph import configured_operations, master_chain
 from ...executor import NumpyExecutor
-from ...executor.simulation import apply_config, apply_output_config
-from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
+from ...executor.simulation import apply_output_config
+from ..base import QuantizationOptimizationPass, TimeBudget
+from .walk import Walk, walk_inputs
 
 S = QuantizationStates
 
@@ -102,51 +103,6 @@ def energy(values: np.ndarray) -> float:
     return float(np.dot(flat, flat))
 
 
-class _Walk:
-    """The FP32 and quantized values of one walk, freed once their last reader has run."""
-
-    def __init__(self, graph: Graph, executor: NumpyExecutor, inputs: dict):
-        self.graph, self.executor = graph, executor
-        self.float_values, self.quantized_values = dict(inputs), dict(inputs)
-        self.readers_left = {name: len(v.consumers) for name, v in graph.variables.items()}
-        self.done: set[str] = set()
-
-    def arguments(self, operation: Operation, values: dict, replace: tuple[str, np.ndarray] | None = None):
-        result = []
-        for variable in operation.inputs:
-            if variable is None:
-                result.append(None)
-            elif replace is not None and variable.name == replace[0]:
-                result.append(replace[1])
-            elif variable.name in values:
-                result.append(values[variable.name])
-            else:
-                result.append(variable.value)
-        return result
-
-    def run_quantized_inputs(self, operation: Operation, replace=None) -> list:
-        """The op's raw (not yet output-quantized) results in the quantized path."""
-        arguments = self.arguments(operation, self.quantized_values, replace)
-        config = operation.config
-        if config is not None:
-            arguments = [apply_config(c, a) for c, a in zip(config.input_quantization_config, arguments)] + \
-                arguments[len(config.input_quantization_config):]
-        return self.executor.run_operation(operation, arguments, quantized=False)
-
-    def finish(self, operation: Operation, float_results: list, quantized_results: list) -> None:
-        for variable, value in zip(operation.outputs, float_results):
-            self.float_values[variable.name] = value
-        for variable, value in zip(operation.outputs, quantized_results):
-            self.quantized_values[variable.name] = value
-        self.done.add(operation.name)
-        for variable in operation.inputs:
-            if variable is not None and variable.name in self.readers_left:
-                self.readers_left[variable.name] -= 1
-                if self.readers_left[variable.name] == 0 and variable not in self.graph.outputs:
-                    self.float_values.pop(variable.name, None)
-                    self.quantized_values.pop(variable.name, None)
-
-
 class ActivationRangeSearchPass(QuantizationOptimizationPass):
     """Choose each per-tensor activation range by the error it causes at its readers (module docstring).
 
@@ -167,30 +123,19 @@ class ActivationRangeSearchPass(QuantizationOptimizationPass):
         self.time_budget = TimeBudget.of(time_budget)
         self.verbose = verbose
 
-    def _inputs(self, executor: NumpyExecutor, dataloader, calib_steps, collate_fn) -> dict:
-        named: dict[str, list] = {}
-        taken = 0
-        for batch in iterate_calibration(dataloader, calib_steps, collate_fn, "range search data", False):
-            for name, value in executor.prepare_inputs(batch).items():
-                named.setdefault(name, []).append(value)
-            taken += len(next(iter(named.values()))[-1])
-            if taken >= self.samples:
-                break
-        return {name: np.concatenate(values)[:self.samples] for name, values in named.items()}
-
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
         started = time.perf_counter()
         deadline = self.time_budget.deadline()
         executor = executor or NumpyExecutor(graph)
-        walk = _Walk(graph, executor, self._inputs(executor, dataloader, calib_steps, collate_fn))
+        walk = Walk(graph, executor, walk_inputs(executor, dataloader, calib_steps, collate_fn, self.samples,
+                                                "range search data"))
         shared = _shared_masters(graph)
         searched, changed, budget_spent = 0, 0, False
         gains = []
         order = graph.topological_sort()
         for operation in tqdm(order, desc="range search", disable=not self.verbose, leave=False):
-            float_results = executor.run_operation(operation, walk.arguments(operation, walk.float_values),
-                                                   quantized=False)
+            float_results = walk.run_float(operation)
             raw = walk.run_quantized_inputs(operation)
             configs = operation.config.output_quantization_config if operation.config is not None else []
             quantized_results = []
@@ -210,7 +155,7 @@ class ActivationRangeSearchPass(QuantizationOptimizationPass):
                 "mean_error_ratio": round(float(np.mean(gains)), 4) if gains else 1.0,
                 "budget_spent": budget_spent, "seconds": round(time.perf_counter() - started, 3)}
 
-    def _choose(self, walk: _Walk, operation: Operation, index: int, config: TensorQuantizationConfig,
+    def _choose(self, walk: Walk, operation: Operation, index: int, config: TensorQuantizationConfig,
                 value: np.ndarray, float_value: np.ndarray) -> tuple[float, float]:
         """Score the candidate grids of ``config`` and keep the best; returns (calibrated, chosen) error."""
         name = operation.outputs[index].name

@@ -1,0 +1,128 @@
+"""The sequential reconstruction (QDrop's expected loss, layer after layer): the statistics' closed form
+against the average over every drop mask, its gradient, and the pass on a small network."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import helper
+
+import ppqlike
+from ppqlike.core.quant import QuantizationStates as S
+from ppqlike.executor.simulation import dequantized
+from ppqlike.optim.passes import AdaroundPass, SequentialReconstructionPass
+from ppqlike.optim.passes.adaround_rows import LayerStatistics, TargetStatistics
+from ppqlike.optim.setting import QuantizationSettingFactory
+from test_accuracy_passes import chain_model, data, prepared, run_passes
+
+
+def _gemm(weight: np.ndarray):
+    """An operation-like Gemm reading [K] rows with weight [O, K] (transB=1)."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["y"], name="g", transB=1)], "g",
+        [helper.make_tensor_value_info("x", 1, ["N", weight.shape[1]])],
+        [helper.make_tensor_value_info("y", 1, ["N", weight.shape[0]])],
+        [helper.make_tensor("w", 1, weight.shape, weight.ravel().tolist())]), opset_imports=[helper.make_opsetid("", 13)])
+    return ppqlike.load_onnx_graph(model).operations["g"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), drop=st.sampled_from([0.0, 0.3, 0.5, 1.0]))
+def test_the_closed_form_is_the_mean_over_every_drop_mask(seed, drop):
+    rng = np.random.default_rng(seed)
+    rows, k, out = 2, 3, 2
+    weight = rng.standard_normal((out, k)).astype(np.float32)
+    operation = _gemm(weight)
+    quantized, exact = rng.standard_normal((1, rows, k)), rng.standard_normal((1, rows, k))
+    stat = TargetStatistics(operation, drop)
+    stat.add(quantized, exact)
+    approx = weight[None].astype(np.float64) + 0.1 * rng.standard_normal((1, out, k))
+    expected = 0.0
+    for mask in itertools.product([0, 1], repeat=rows * k):    # 1: the element's quantization is dropped
+        kept = np.array(mask).reshape(1, rows, k)
+        probability = np.prod(np.where(kept == 1, drop, 1.0 - drop))
+        mixed = np.where(kept == 1, exact, quantized)
+        error = mixed[0] @ approx[0].T - exact[0] @ weight.astype(np.float64).T
+        expected += probability * float(np.sum(error ** 2))
+    assert stat.loss(approx) * rows == pytest.approx(max(expected, 0.0), rel=1e-9, abs=1e-9)
+    assert stat.energy == pytest.approx(float(np.sum((exact[0] @ weight.astype(np.float64).T) ** 2)), rel=1e-9)
+
+
+def test_with_equal_inputs_it_is_learned_rounding_on_those_inputs():
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((4, 6)).astype(np.float32)
+    operation = _gemm(weight)
+    rows = rng.standard_normal((1, 40, 6))
+    target, plain = TargetStatistics(operation, 0.5), LayerStatistics(operation)
+    target.add(rows, rows)
+    plain.add(rows)
+    plain.finish()
+    approx = weight[None] + 0.05 * rng.standard_normal((1, 4, 6))
+    assert target.loss(approx) == pytest.approx(plain.loss(approx), rel=1e-9)
+    np.testing.assert_allclose(target.gradient(approx), plain.gradient(approx), rtol=1e-4, atol=1e-6)
+
+
+def test_the_gradient_is_the_loss_derivative():
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((3, 5)).astype(np.float32)
+    stat = TargetStatistics(_gemm(weight), 0.5)
+    stat.add(rng.standard_normal((1, 30, 5)), rng.standard_normal((1, 30, 5)))
+    approx = weight[None].astype(np.float64) + 0.1 * rng.standard_normal((1, 3, 5))
+    gradient = stat.gradient(approx)
+    for index in [(0, 0, 0), (0, 1, 3), (0, 2, 4)]:
+        step = np.zeros_like(approx)
+        step[index] = 1e-5
+        numeric = (stat.loss(approx + step) - stat.loss(approx - step)) / 2e-5
+        assert gradient[index] == pytest.approx(numeric, rel=1e-3, abs=1e-6)
+
+
+def _output_error(graph, batches):
+    executor = ppqlike.NumpyExecutor(graph)
+    with dequantized(graph):
+        reference = [executor.forward(batch)[0] for batch in batches]
+    quantized = [executor.forward(batch)[0] for batch in batches]
+    return sum(float(np.sum((q - r) ** 2)) for q, r in zip(quantized, reference))
+
+
+def test_the_pass_bakes_every_layer_no_worse_than_nearest_and_lowers_the_output_error():
+    batches = data(batches=4, seed=3)
+    errors = {}
+    for passes in ((), (SequentialReconstructionPass(samples=16, steps=200),)):
+        graph, policy = prepared(chain_model(), "ACADEMIC_W4A8")
+        executor, reports = run_passes(graph, policy, batches, extra=passes, stop_before="baking")
+        errors[len(passes)] = _output_error(graph, batches)
+    report = reports["reconstruction"]
+    assert report["layers"] == report["targets"] == 5     # four Conv (one depthwise) and the Gemm
+    for operation in graph.operations.values():
+        if operation.type in ("Conv", "Gemm"):
+            config = operation.config.input_quantization_config[1]
+            assert config.state is S.BAKED
+            detail = config.detail["reconstruction"]
+            assert detail["loss_" + detail["kept"]] <= detail["loss_nearest"]
+    assert errors[1] < errors[0]
+
+
+def test_a_layer_never_leaves_worse_than_the_rounding_it_came_with_and_the_pass_stops_at_its_budget():
+    batches = data(batches=2, seed=4)
+    graph, policy = prepared(chain_model(), "ACADEMIC_W4A8")
+    _, reports = run_passes(graph, policy, batches,
+                            extra=(SequentialReconstructionPass(samples=8, steps=50, time_budget=0.0),))
+    assert reports["reconstruction"]["layers"] == 0 and reports["reconstruction"]["budget_spent"]
+    graph, policy = prepared(chain_model(), "ACADEMIC_W4A8")
+    _, reports = run_passes(graph, policy, batches, extra=(AdaroundPass(steps=100, verbose=False),
+                                                           SequentialReconstructionPass(samples=8, steps=20)))
+    assert reports["adaround"]["layers"] == reports["reconstruction"]["layers"] == 5
+    for operation in graph.operations.values():
+        if operation.type in ("Conv", "Gemm"):
+            detail = operation.config.input_quantization_config[1].detail["reconstruction"]
+            assert "loss_previous" in detail
+            assert detail["loss_" + detail["kept"]] <= min(detail["loss_previous"], detail["loss_nearest"])
+
+
+def test_the_setting_runs_it_after_calibration():
+    from ppqlike.optim.recipe import build_pipeline, resolve_policy
+    setting = QuantizationSettingFactory.for_platform("ACADEMIC_W4A8")
+    setting.adaround, setting.reconstruction = True, True
+    names = [p.name for p in build_pipeline(resolve_policy("ACADEMIC_W4A8", setting), setting).passes]
+    assert names.index("adaround") < names.index("calibration") < names.index("reconstruction")
