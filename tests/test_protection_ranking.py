@@ -129,7 +129,7 @@ def _moved_units(units) -> int:
 
 @pytest.mark.parametrize("errors,front_units", [
     ({0: 0.2, 1: 0.15, 2: 0.08, 4: 0.03, 8: 0.02}, 4),    # 2 halves it, 4 halves that again, 8 does not
-    ({0: 0.2, 1: 0.05, 2: 0.005, 4: 0.001, 8: 0.0}, 2),   # 2 is below front_floor: no wider move
+    ({0: 0.2, 1: 0.05, 2: 0.004, 4: 0.001, 8: 0.0}, 2),   # 2 is below front_floor: no wider move
     ({0: 0.2, 1: 0.15, 2: 0.12, 4: 0.11, 8: 0.105}, None),  # nothing halves it
 ])
 def test_the_front_widens_while_it_halves_the_error(errors, front_units):
