@@ -126,3 +126,13 @@ def test_the_setting_runs_it_after_calibration():
     setting.adaround, setting.reconstruction = True, True
     names = [p.name for p in build_pipeline(resolve_policy("ACADEMIC_W4A8", setting), setting).passes]
     assert names.index("adaround") < names.index("calibration") < names.index("reconstruction")
+
+
+def test_best_reconstructs_where_the_weights_have_fewer_than_8_bits():
+    from ppqlike.optim.recipe import apply_recipe
+    for platform, expected in (("ACADEMIC_W4A8", True), ("ORT_INT8", False), ("TRT_INT8", False)):
+        setting = QuantizationSettingFactory.for_platform(platform)
+        setting.recipe = "best"
+        assert apply_recipe(setting, platform)[0].reconstruction is expected
+        setting.recipe = "balanced"
+        assert apply_recipe(setting, platform)[0].reconstruction is False
