@@ -28,7 +28,8 @@ ACADEMIC_INT8_POLICY = PlatformPolicy(
 ACADEMIC_W4A8_POLICY = ACADEMIC_INT8_POLICY.with_changes(
     platform=TargetPlatform.ACADEMIC_W4A8,
     weight=TensorPolicy(num_of_bits=4, symmetric=True, per_channel=True, narrow_range=True),
-    description="academic: 4-bit per-channel weights, 8-bit activations")
+    higher_precision_bits=8,   # the layers the protection or the accuracy target picks: 8-bit weights
+    description="academic: 4-bit per-channel weights, 8-bit activations (the protected layers' weights 8-bit)")
 
 ACADEMIC_INT4_POLICY = ACADEMIC_INT8_POLICY.with_changes(
     platform=TargetPlatform.ACADEMIC_INT4,
