@@ -173,7 +173,7 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         size, found = 1, None
         while size <= limit and (found is None or found[0] >= self.front_floor):
             tried = []    # (error after, moving to FP32, precisions): the higher precision first, then FP32
-            for to_float in (True,) if self.bits is None else (False,) if self.bits == 8 else (False, True):
+            for to_float in (False, True) if self.bits is not None else (True,):
                 precisions = {self._move(graph, unit, units, observed, to_float) for unit in units[:size]}
                 tried.append((error(), to_float, precisions))
                 restore(graph, original)

@@ -36,7 +36,6 @@ from ...core.ir import Graph, Operation
 from ...core.quant import QuantizationStates
 from ...core.quant_graph import configured_operations, input_config
 from ...executor import NumpyExecutor
-from ...executor.simulation import apply_output_config
 from ..base import QuantizationOptimizationPass, TimeBudget
 from .adaround import rounding_unsupported
 from .adaround_rounding import learn_rounding, nearest_rounding
@@ -87,11 +86,7 @@ class SequentialReconstructionPass(QuantizationOptimizationPass):
                     budget_spent = True
                 else:
                     layers.append(self._reconstruct(operation, walk, sampler, deadline))
-            raw = walk.run_quantized_inputs(operation)
-            configs = operation.config.output_quantization_config if operation.config is not None else []
-            quantized_results = [apply_output_config(configs[i] if i < len(configs) else None, value)
-                                 for i, value in enumerate(raw)]
-            walk.finish(operation, float_results, quantized_results)
+            walk.finish(operation, float_results, walk.run_quantized(operation))
         kept = [layer["kept"] for layer in layers]
         return {"layers": len(layers), "targets": len(targets), "samples": self.samples, "drop": self.drop,
                 "kept_learned": kept.count("learned"), "kept_previous": kept.count("previous"),
@@ -111,7 +106,6 @@ class SequentialReconstructionPass(QuantizationOptimizationPass):
             chunk = positions[begin:begin + ROW_CHUNK] if operation.type == "Gemm" else \
                 tuple(p[begin:begin + ROW_CHUNK] for p in positions)
             stat.add(RowHook.rows_at(operation, quantized_input, chunk), RowHook.rows_at(operation, float_input, chunk))
-        stat.finish()
         return stat
 
     def _reconstruct(self, operation: Operation, walk: Walk, sampler: RowHook, deadline: float) -> dict:
@@ -121,13 +115,16 @@ class SequentialReconstructionPass(QuantizationOptimizationPass):
         config = input_config(operation, 1)
         learned, facts = learn_rounding(stat, operation, config, self.steps, self.lr, self.lam, self.warmup,
                                         deadline=deadline)
-        choices = {"learned": learned, "nearest": nearest_rounding(operation, config)}
+        losses = {"learned": facts["learned_loss"], "nearest": facts["nearest_loss"]}   # (learn_rounding's)
+        previous = None
         if config.state is S.BAKED and config.baked_value is not None:
-            choices["previous"] = as_groups(operation, np.asarray(config.baked_value, np.float64))
-        losses = {name: stat.loss(weight) for name, weight in choices.items()}
+            previous = as_groups(operation, np.asarray(config.baked_value, np.float64))
+            losses["previous"] = stat.loss(previous)
         kept = min(losses, key=lambda name: (losses[name], name != "previous"))   # a tie keeps what was there
-        shape = operation.inputs[1].value.shape
-        config.baked_value = from_groups(operation, choices[kept], shape).astype(np.float32)
+        weight = {"learned": learned, "previous": previous}.get(kept)
+        if weight is None:
+            weight = nearest_rounding(operation, config)
+        config.baked_value = from_groups(operation, weight, operation.inputs[1].value.shape).astype(np.float32)
         if config.state is not S.BAKED:
             config.state = S.BAKED
         energy = max(stat.energy, 1e-30)

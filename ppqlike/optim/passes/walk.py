@@ -17,7 +17,7 @@ import numpy as np
 
 from ...core.ir import Graph, Operation
 from ...executor import NumpyExecutor
-from ...executor.simulation import apply_config
+from ...executor.simulation import apply_config, quantize_outputs
 from ..base import iterate_calibration
 
 
@@ -75,6 +75,10 @@ class Walk:
     def run_quantized_inputs(self, operation: Operation, replace=None) -> list:
         """The op's raw (not yet output-quantized) results in the quantized path."""
         return self.executor.run_operation(operation, self.quantized_arguments(operation, replace), quantized=False)
+
+    def run_quantized(self, operation: Operation) -> list:
+        """The op's results in the quantized path, through its output configs."""
+        return quantize_outputs(operation, self.run_quantized_inputs(operation))
 
     def finish(self, operation: Operation, float_results: list, quantized_results: list) -> None:
         """Record the op's results in both paths and free the inputs it was the last reader of."""
