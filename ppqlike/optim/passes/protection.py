@@ -42,12 +42,14 @@ units at INT16, 0.0033 with them in FP32).  Where the higher precision is 8 bits
 point is fewer bits: ACADEMIC_MIX's int4 layers, ACADEMIC_W4A8's 4-bit weights) no front moves, only the
 candidates, and they move to 8 bits: fronts there took nearly the whole model off its bits (W4A8 `best` ran
 51 of EfficientNet-Lite0's 60 units and 59 of MobileNetV2's in FP32; at 8 bits `balanced` moved 51, 57 and 59
-units of EfficientNet-Lite0, SqueezeNet and MobileNetV2 to 8-bit weights), which is not a 4-bit model.  Why 0.995 and not 0.99: the error is measured on few held-aside
-samples (8 of basic-pitch's 2 s clips), and a model just under the floor there can be far from it on other
-inputs: basic-pitch TRT_INT8 held-aside error 0.0095, dev cosine 0.970; with the floor at 0.005 its CQT front
-(32 units) moves to FP32, dev 0.998.  Measured on every family and shared CNN (docs/BENCHMARKS.md, round
-10): the log-mel CNN TRT_INT8 0.986 -> 0.999, MobileNetV2 TRT_INT8 (an 8-unit front, held-aside error 0.0068
--> 0.0024) dev agreement 0.957 -> 0.987; every other cell unchanged (no front halves their error).
+units of EfficientNet-Lite0, SqueezeNet and MobileNetV2 to 8-bit weights), which is not a 4-bit model.
+
+Why a front floor of 0.995 and not 0.99: the error is measured on few held-aside samples (8 of
+basic-pitch's 2 s clips), and a model just under the floor there can be far from it on other inputs:
+basic-pitch TRT_INT8 held-aside error 0.0095, dev cosine 0.970; with the floor at 0.005 its CQT front (32
+units) moves to FP32, dev 0.998.  Measured on every family and shared CNN (docs/BENCHMARKS.md, round 10):
+the log-mel CNN TRT_INT8 0.986 -> 0.999, MobileNetV2 TRT_INT8 (an 8-unit front, held-aside error 0.0068 ->
+0.0024) dev agreement 0.957 -> 0.987; every other cell unchanged (no front halves their error).
 
 Moves (:mod:`.precision_moves`).  Where the platform has a wider integer grid (``higher_precision_bits``:
 16 on onnxruntime, TIDL, DSPs) the unit moves to it.  Otherwise to FP32; on a platform whose placement
