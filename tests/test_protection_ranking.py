@@ -88,7 +88,7 @@ def test_the_readers_ranking_finds_what_the_local_one_misses(platform):
     assert alone["real"] > 2 * alone["decoy"], alone
     local_first = sorted(units, key=lambda unit: -runner.local_error(unit, cached))[0]
     assert local_first is decoy   # one unit measured by the local ranking alone would be the harmless one
-    measured = [units[index] for index in LayerProtectionPass(measured_units=1)._ranked(runner, units, [cached])]
+    measured = [units[index] for index in LayerProtectionPass(measured_units=1)._ranked(runner, units, [(cached, None)])]
     assert measured[0] is decoy and real in measured
 
 

@@ -22,7 +22,7 @@ from ..core.ir import Graph
 from ..executor import NumpyExecutor
 from ..optim.passes.precision_moves import find_units
 from ..optim.passes.references import FloatReferences, references_of
-from ..optim.passes.sensitivity import AloneRunner, sample_cosines
+from ..optim.passes.sensitivity import AloneRunner, CachedSamples, sample_cosines
 
 VERDICT_THRESHOLD = 0.98
 
@@ -51,9 +51,12 @@ def quantization_verdict(graph: Graph, executor: NumpyExecutor, batches: list, h
         verdict["seconds"] = round(time.perf_counter() - started, 3)
         return verdict
     runner = AloneRunner(graph, executor)
-    cached = [runner.cache(batch) for batch in batches]
-    ranked = sorted(((sum(runner.local_error(unit, c) for c in cached) / len(cached), unit)
-                     for unit in find_units(graph)), key=lambda item: -item[0])[:worst]
+    measured, units = CachedSamples(runner, batches, references), find_units(graph)
+    sums = [0] * len(units)
+    for cached, _ in measured:
+        sums = [total + runner.local_error(unit, cached) for total, unit in zip(sums, units)]
+    ranked = sorted(((total / len(measured), unit) for total, unit in zip(sums, units)),
+                    key=lambda item: -item[0])[:worst]
     names = [unit[-1].name for _, unit in ranked]
     verdict.update({"ok": False, "worst_ops": [{"op": unit[-1].name, "type": unit[-1].type,
                                                 "relative_error": round(error, 6)} for error, unit in ranked]})

@@ -57,6 +57,10 @@ leaves float tensors between layers at no cost (TensorRT's ``compute_inputs``) t
 tensors read them float; on the others (integer-only hardware such as TPU-MLIR, where a float tensor
 means float layers on both sides of it) the reading units move to FP32 too.
 
+Memory.  The partial re-runs read every FP32 intermediate of the measured samples; they are held within
+``sensitivity.CACHE_BUDGET_BYTES`` (:class:`.sensitivity.CachedSamples`: batches that do not fit are cut into
+pieces and cached again at each visit; a ViT-S on TensorRT's placement held 8.6 GB for 16 images before).
+
 Reads: the configs after calibration, alignment, the passive pass and bias correction; the executor and
 calibration data.  Writes: the moves, and ``graph.metadata['quantization']['protected_ops']``.
 """
@@ -74,7 +78,8 @@ from ..base import QuantizationOptimizationPass
 from .precision_moves import (can_widen, find_units, move_to_float_format, move_to_fp32, move_to_wider_grid,
                               reader_units, restore, snapshot, with_pass_through_readers)
 from .references import references_of
-from .sensitivity import AloneRunner, held_aside_or_calibration, output_cosine, output_error, sample_count
+from .sensitivity import (AloneRunner, CachedSamples, held_aside_or_calibration, output_cosine, output_error,
+                          sample_count)
 
 
 class LayerProtectionPass(QuantizationOptimizationPass):
@@ -107,15 +112,18 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         runner = AloneRunner(graph, executor)
         candidates = []   # (e_alone, unit), worst first: a unit's e_alone does not depend on the others' precision
         if initial >= self.floor:   # below it nothing is wrecked: no search
-            cached = [runner.cache(batch) for batch in batches]
-            for index in self._ranked(runner, units, cached):
-                unit = units[index]
-                alone = 1.0 - float(np.mean([output_cosine(runner.quantize_alone(unit, c), reference)
-                                             for c, reference in zip(cached, references)]))
+            measured = CachedSamples(runner, batches, references)
+            ranked = self._ranked(runner, units, measured)
+            cosines = {index: [] for index in ranked}
+            for cached, reference in measured:
+                for index in ranked:
+                    cosines[index].append(output_cosine(runner.quantize_alone(units[index], cached), reference))
+            measured = cached = None   # (the intermediates go before the moves are tried)
+            for index in ranked:
+                alone = 1.0 - float(np.mean(cosines[index]))
                 alone = 1.0 if alone != alone else alone
                 if alone >= threshold:
-                    candidates.append((alone, unit))
-            del cached
+                    candidates.append((alone, units[index]))
             candidates.sort(key=lambda item: -item[0])
         protected = []
 
@@ -152,12 +160,17 @@ class LayerProtectionPass(QuantizationOptimizationPass):
                   "seconds": round(time.perf_counter() - started, 3)}
         return report
 
-    def _ranked(self, runner: AloneRunner, units: list, cached: list) -> list[int]:
-        """The indices of the units worth measuring alone: the ``measured_units`` with the largest local error
+    def _ranked(self, runner: AloneRunner, units: list, measured: Iterable) -> list[int]:
+        """The indices of the units worth measuring alone (errors summed over ``measured``'s pieces, pairs of
+        FP32 intermediates and references): the ``measured_units`` with the largest local error
         (:meth:`AloneRunner.local_error`: a narrow channel on a shared grid), then as many with the largest
         error at their readers (:meth:`AloneRunner.reader_error`: where the reader's weights make a channel
         matter) that are not among them."""
-        errors = [np.sum([runner.unit_errors(unit, c) for c in cached], axis=0) for unit in units]
+        per_piece = [[] for _ in units]
+        for cached, _ in measured:
+            for errors, unit in zip(per_piece, units):
+                errors.append(runner.unit_errors(unit, cached))
+        errors = [np.sum(errors, axis=0) for errors in per_piece]
         local = sorted(((float(error[0]), index) for index, error in enumerate(errors)), reverse=True)
         at_readers = sorted(((float(error[1]), index) for index, error in enumerate(errors)), reverse=True)
         chosen = [index for _, index in local[:self.measured_units]]

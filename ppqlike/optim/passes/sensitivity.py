@@ -19,6 +19,9 @@ from ..base import iterate_calibration
 
 #: ops :meth:`AloneRunner.reader_error` runs past a unit at most, looking for the next computing ops
 READER_REACH = 12
+#: bytes of FP32 intermediates :class:`CachedSamples` holds at once (the ViT-S's 16 held-aside images hold
+#: 8.6 GB of them, EfficientNet-Lite0's 16 about 0.3 GB)
+CACHE_BUDGET_BYTES = 1 << 30
 
 
 # ------------------------------------------------------------------ metrics
@@ -79,6 +82,16 @@ def leading_samples(batch, samples: int):
         return batch
     limited = {name: value[:samples] for name, value in arrays.items()}
     return limited if isinstance(batch, dict) else list(limited.values())
+
+
+def sample_slice(batch, start: int, stop: int):
+    """Samples ``start`` to ``stop`` of a batch whose inputs share a leading axis (an array, a list of arrays
+    or a dict of arrays)."""
+    if isinstance(batch, dict):
+        return {name: np.asarray(value)[start:stop] for name, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [np.asarray(value)[start:stop] for value in batch]
+    return np.asarray(batch)[start:stop]
 
 
 def sample_count(batch) -> int:
@@ -240,6 +253,47 @@ class AloneRunner:
                 if leaves and reference is not None and np.asarray(reference).dtype.kind == "f":
                     worst = max(worst, channel_relative_error(np.asarray(value), np.asarray(reference)))
         return worst
+
+
+class CachedSamples:
+    """The measured batches' FP32 intermediates (:meth:`AloneRunner.cache`) with their references, visited
+    piece by piece: ``for cached, reference in samples``, each visit in the same order.
+
+    Where every batch's intermediates fit in ``budget`` bytes (``CACHE_BUDGET_BYTES``; measured on one
+    sample first), each piece is a
+    whole batch, cached once and held.  Where they do not, each batch is cut into pieces of as many samples
+    as fit, cached again at each visit and let go, so that no more than the budget is held, for one more FP32
+    forward per visit (a ViT-S on TensorRT's placement held 8.6 GB for its 16 held-aside images).  A batch
+    whose inputs or outputs share no leading axis stays whole."""
+
+    def __init__(self, runner: AloneRunner, batches: list, references: list, budget: int | None = None):
+        self.runner, budget = runner, CACHE_BUDGET_BYTES if budget is None else budget
+        counts = [sample_count(batch) for batch in batches]
+        per_sample = _cached_bytes(runner.cache(leading_samples(batches[0], 1))) if batches else 0
+        if per_sample * sum(counts) <= budget:
+            self.pieces = list(zip(batches, references))
+            self.held = [runner.cache(batch) for batch in batches]
+            return
+        size, self.pieces, self.held = max(1, budget // max(per_sample, 1)), [], None
+        for batch, reference, count in zip(batches, references, counts):
+            splittable = count > 1 and all(np.ndim(value) and np.shape(value)[0] == count for value in reference)
+            for start in range(0, count, size) if splittable else ():
+                stop = min(start + size, count)
+                self.pieces.append((sample_slice(batch, start, stop),
+                                    [np.asarray(value)[start:stop] for value in reference]))
+            if not splittable:
+                self.pieces.append((batch, reference))
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def __iter__(self):
+        for index, (piece, reference) in enumerate(self.pieces):
+            yield (self.held[index] if self.held is not None else self.runner.cache(piece)), reference
+
+
+def _cached_bytes(cached: dict) -> int:
+    return int(sum(np.asarray(value).nbytes for value in cached.values()))
 
 
 def tensor_relative_error(value, reference) -> float:
