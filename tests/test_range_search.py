@@ -142,3 +142,52 @@ def test_a_part_of_a_budget_runs_on_the_same_clock():
     assert budget.started is not None and deadline == pytest.approx(budget.started + 6.0)
     assert budget.deadline() == pytest.approx(budget.started + 10.0)
     assert TimeBudget(None).part(0.5).deadline() == float("inf")
+
+
+def _output_scales(graph):
+    return {op.name: [None if c is None or c.scale is None else float(np.max(c.scale))
+                      for c in op.config.output_quantization_config]
+            for op in graph.operations.values() if op.config is not None}
+
+
+@pytest.mark.parametrize("platform", ["ORT_INT8", "TRT_INT8"])
+def test_a_checked_search_is_kept_only_where_the_held_aside_error_falls(platform):
+    """With ``checked_on``: the search's ranges stay only if the output error on the check samples fell;
+    otherwise every range is put back exactly, and no config keeps a search record."""
+    batches = data(3)
+    graph, policy = prepared(chain_model(), platform)
+    executor, _ = run_passes(graph, policy, batches, stop_before="baking")
+    before = _output_scales(graph)
+    report = ActivationRangeSearchPass(samples=8, candidates=6, checked_on=8).optimize(
+        graph, executor=executor, dataloader=batches, calib_steps=len(batches), held_aside=data(1, seed=7))
+    assert report["searched"] > 0
+    records = [c for op in graph.operations.values() if op.config is not None
+               for c in op.config.all_configs() if "range_search" in c.detail]
+    if report["kept"]:
+        assert report["error_after"] < report["error_before"] and records
+    else:
+        assert report["error_after"] >= report["error_before"] and report["changed"] == 0
+        assert _output_scales(graph) == before and not records
+
+
+def test_the_check_puts_back_a_search_that_raises_the_error(monkeypatch):
+    """A search whose choices raise the error (every searched range forced to a tenth of the calibrated
+    one) is undone."""
+    from ppqlike.optim.passes import range_search
+
+    def worst(self, walk, operation, index, config, value, float_value):
+        config.set_scale_offset(float(config.scale) / 10, int(config.offset))
+        config.detail["range_search"] = {"forced": True}
+        return 1.0, 0.5
+
+    monkeypatch.setattr(range_search.ActivationRangeSearchPass, "_choose", worst)
+    batches = data(3)
+    graph, policy = prepared(chain_model(), "ORT_INT8")
+    executor, _ = run_passes(graph, policy, batches, stop_before="baking")
+    before = _output_scales(graph)
+    report = ActivationRangeSearchPass(samples=8, checked_on=8).optimize(
+        graph, executor=executor, dataloader=batches, calib_steps=len(batches), held_aside=data(1, seed=7))
+    assert report["searched"] > 0 and not report["kept"] and report["error_after"] > report["error_before"]
+    assert _output_scales(graph) == before
+    assert not any("range_search" in c.detail for op in graph.operations.values() if op.config is not None
+                   for c in op.config.all_configs())

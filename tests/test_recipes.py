@@ -100,3 +100,19 @@ def test_the_time_budget_runs_from_the_call_and_each_pass_stops_at_its_share():
     unbounded = build_pipeline(resolve_policy("ORT_INT8", setting), ppqlike.QuantizationSetting(recipe="plain"))
     assert all(getattr(p, "time_budget", None) is None or p.time_budget.deadline() == float("inf")
                for p in unbounded.passes)
+
+
+def test_best_protects_before_it_searches_ranges_and_checks_the_search():
+    """With the range search and the protection both on (best), the protection moves first and the search
+    refines what stays on 8 bits, checked on the held-aside samples; balanced keeps its order."""
+    from ppqlike.optim.recipe import build_pipeline, resolve_policy
+    for platform in ("ORT_INT8", "TRT_INT8", "TPU_INT8"):
+        best, _ = apply_recipe(ppqlike.QuantizationSettingFactory.for_platform(platform, recipe="best"), platform)
+        passes = build_pipeline(resolve_policy(platform, best), best).passes
+        names = [p.name for p in passes]
+        assert names.index("protection") < names.index("range_search") < names.index("bias_correction")
+        assert names.count("protection") == 1
+        assert next(p for p in passes if p.name == "range_search").checked_on
+        balanced, _ = apply_recipe(ppqlike.QuantizationSettingFactory.for_platform(platform), platform)
+        names = [p.name for p in build_pipeline(resolve_policy(platform, balanced), balanced).passes]
+        assert "range_search" not in names and names.index("bias_correction") < names.index("protection")

@@ -34,8 +34,12 @@ grid differs in the last bits only).  The pass stops choosing at
 other passes of the recipe) and keeps the calibrated ranges of the tensors
 not yet reached.
 
+Checked (``checked_on``; `best` sets it, with the protection run before the
+search): the output error on the held-aside samples is measured before and
+after, and every range is put back unless it fell.
+
 Reads: ACTIVATED output configs after calibration, alignment and the passive
-pass; the calibration data.  Writes: their scale and offset (state and grid
+pass (and the protection's moves); the calibration data.  Writes: their scale and offset (state and grid
 unchanged); ``config.detail['range_search']`` (calibrated and chosen error).
 """
 
@@ -54,6 +58,9 @@ from ...core.quant_graph import configured_operations, master_chain
 from ...executor import NumpyExecutor
 from ...executor.simulation import apply_output_config
 from ..base import QuantizationOptimizationPass, TimeBudget
+from .precision_moves import restore, snapshot
+from .references import references_of
+from .sensitivity import held_aside_or_calibration, output_error
 from .walk import Walk, walk_inputs
 
 S = QuantizationStates
@@ -115,19 +122,43 @@ class ActivationRangeSearchPass(QuantizationOptimizationPass):
     name = "range_search"
 
     def __init__(self, samples: int = 32, candidates: int = 12, low: float = 0.3,
-                 time_budget: TimeBudget | float | None = None, verbose: bool = False):
+                 time_budget: TimeBudget | float | None = None, verbose: bool = False,
+                 checked_on: int | None = None):
         if samples < 1 or candidates < 1 or not 0.0 < low <= 1.0:
             raise ValueError(f"range search needs samples >= 1, candidates >= 1, 0 < low <= 1; "
                              f"got {samples}, {candidates}, {low}")
         self.samples, self.candidates, self.low = int(samples), int(candidates), float(low)
         self.time_budget = TimeBudget.of(time_budget)
-        self.verbose = verbose
+        self.verbose, self.checked_on = verbose, checked_on
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
+        """Search (see :meth:`search`); with ``checked_on``, the output error (1 - cosine against FP32) is
+        measured before and after on that many samples (the held-aside batches where the pipeline has them)
+        and every range put back unless it fell."""
+        executor = executor or NumpyExecutor(graph)
+        if not self.checked_on:
+            return self.search(graph, executor, dataloader, calib_steps, collate_fn)
+        batches = held_aside_or_calibration(kwargs.get("held_aside"), dataloader, self.checked_on, collate_fn,
+                                            "range search check data")
+        references = references_of(batches, graph, executor, kwargs.get("references"))
+        error_before, saved = output_error(executor, batches, references), snapshot(graph)
+        report = self.search(graph, executor, dataloader, calib_steps, collate_fn)
+        error_after = output_error(executor, batches, references)
+        kept = error_after < error_before
+        if not kept:
+            restore(graph, saved)
+            for operation in configured_operations(graph):
+                for config in operation.config.all_configs():
+                    config.detail.pop("range_search", None)
+        return {**report, "error_before": round(error_before, 6), "error_after": round(error_after, 6),
+                "kept": kept, "changed": report["changed"] if kept else 0}
+
+    def search(self, graph: Graph, executor: NumpyExecutor, dataloader: Iterable | None,
+               calib_steps: int | None, collate_fn: Callable | None) -> dict:
+        """Walk the graph once and choose each searchable range at its readers."""
         started = time.perf_counter()
         deadline = self.time_budget.deadline()
-        executor = executor or NumpyExecutor(graph)
         walk = Walk(graph, executor, walk_inputs(executor, dataloader, calib_steps, collate_fn, self.samples,
                                                 "range search data"))
         shared = _shared_masters(graph)
