@@ -118,7 +118,9 @@ def snapshot(graph: Graph) -> dict:
     configs = {}
     for operation in configured_operations(graph):
         for config in _configs(operation):
-            configs[id(config)] = (config, dict(config.__dict__))
+            state = dict(config.__dict__)
+            state["detail"] = dict(config.detail)   # (passes add their records to it in place)
+            configs[id(config)] = (config, state)
     return {"configs": configs, "platforms": {op.name: op.platform for op in graph.operations.values()}}
 
 

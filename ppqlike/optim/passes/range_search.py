@@ -148,9 +148,6 @@ class ActivationRangeSearchPass(QuantizationOptimizationPass):
         kept = error_after < error_before
         if not kept:
             restore(graph, saved)
-            for operation in configured_operations(graph):
-                for config in operation.config.all_configs():
-                    config.detail.pop("range_search", None)
         return {**report, "error_before": round(error_before, 6), "error_after": round(error_after, 6),
                 "kept": kept, "changed": report["changed"] if kept else 0}
 
