@@ -25,7 +25,8 @@ import numpy as np
 
 from .errors import GraphError
 from .graph_algorithms import GraphAlgorithms
-from .subgraphs import check_bodies, explicit_input_count, has_bodies, rebind_implicit_input
+from .graph_links import check_links
+from .subgraphs import explicit_input_count, has_bodies, rebind_implicit_input
 
 Shape = list  # list of int | str | None: str and None are dynamic dimensions
 
@@ -381,39 +382,8 @@ class Graph(GraphAlgorithms):
 
     # ---------------------------------------------------------- checking --
     def check(self) -> None:
-        """Raise GraphError if any producer/consumer link is inconsistent."""
-        for variable in self.variables.values():
-            if variable.producer is not None:
-                if self.operations.get(variable.producer.name) is not variable.producer \
-                        or variable not in variable.producer.outputs:
-                    raise GraphError(f"variable {variable.name!r}: producer link is broken")
-            for consumer in variable.consumers:
-                if self.operations.get(consumer.name) is not consumer or variable not in consumer.inputs:
-                    raise GraphError(f"variable {variable.name!r}: consumer {consumer.name!r} link is broken")
-        for operation in self.operations.values():
-            for variable in operation.inputs:
-                if variable is None:
-                    continue
-                if self.variables.get(variable.name) is not variable:
-                    raise GraphError(f"operation {operation.name!r} reads unknown variable {variable.name!r}")
-                if variable.consumers.count(operation) != operation.inputs.count(variable):
-                    raise GraphError(f"operation {operation.name!r}: consumer count of {variable.name!r} is off")
-            for variable in operation.outputs:
-                if self.variables.get(variable.name) is not variable or variable.producer is not operation:
-                    raise GraphError(f"operation {operation.name!r}: output {variable.name!r} link is broken")
-        for variable in self.inputs + self.outputs:
-            if self.variables.get(variable.name) is not variable:
-                raise GraphError(f"graph interface variable {variable.name!r} is not in the graph")
-        for variable in self.inputs:
-            if variable.producer is not None:
-                raise GraphError(f"graph input {variable.name!r} is written by {variable.producer.name!r}")
-        for name, variable in self.variables.items():
-            if variable.name != name:
-                raise GraphError(f"variable {variable.name!r} is registered under another name {name!r}")
-        for name, operation in self.operations.items():
-            if operation.name != name:
-                raise GraphError(f"operation {operation.name!r} is registered under another name {name!r}")
-        check_bodies(self)
+        """Raise GraphError if any producer/consumer link is inconsistent (:func:`check_links`)."""
+        check_links(self)
 
     def __iter__(self) -> Iterator[Operation]:
         return iter(self.topological_sort())

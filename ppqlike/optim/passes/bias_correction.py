@@ -67,8 +67,8 @@ from ...executor import NumpyExecutor, OperationHook
 from ...executor.simulation import dequantized
 from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
 from .precision_moves import restore, snapshot
-from .references import references_of
-from .sensitivity import held_aside_or_calibration, output_error, sample_count
+from .references import check_data
+from .sensitivity import output_error, sample_count
 
 S = QuantizationStates
 P = QuantizationProperty
@@ -257,12 +257,6 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                     (lambda x, out, config=config: config.fake_quantize(x))
         return _LayerErrorHook(executor, weights, quantizers)
 
-    def _check_data(self, graph: Graph, executor: NumpyExecutor, dataloader, collate_fn, kwargs) -> tuple:
-        """The batches the correction is checked on, and their FP32 outputs (taken before any bias changes)."""
-        batches = held_aside_or_calibration(kwargs.get("held_aside"), dataloader, self.checked_on, collate_fn,
-                                            "bias correction check data")
-        return (batches, references_of(batches, graph, executor, kwargs.get("references"))) if batches else None
-
     def _targets(self, graph: Graph) -> tuple[dict, list]:
         deltas, skipped = {}, []
         for operation in configured_operations(graph):
@@ -323,7 +317,8 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
             if time.perf_counter() >= deadline:   # no further batch is drawn
                 budget_spent = True
                 break
-        check = self._check_data(graph, executor, dataloader, collate_fn, kwargs) if self.checked_on else None
+        check = check_data(graph, executor, dataloader, self.checked_on, collate_fn, kwargs,
+                           "bias correction check data") if self.checked_on else None
         error_before = output_error(executor, *check) if check else None
         configs_before = snapshot(graph) if check else None
         float_values, created_biases = {}, []   # bias name -> (variable, FP32 value); (op, bias, config slots)

@@ -59,8 +59,8 @@ from ...executor import NumpyExecutor
 from ...executor.simulation import apply_output_config
 from ..base import QuantizationOptimizationPass, TimeBudget
 from .precision_moves import restore, snapshot
-from .references import references_of
-from .sensitivity import held_aside_or_calibration, output_error
+from .references import check_data
+from .sensitivity import output_error
 from .walk import Walk, walk_inputs
 
 S = QuantizationStates
@@ -135,16 +135,16 @@ class ActivationRangeSearchPass(QuantizationOptimizationPass):
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
         """Search (see :meth:`search`); with ``checked_on``, the output error (1 - cosine against FP32) is
         measured before and after on that many samples (the held-aside batches where the pipeline has them)
-        and every range put back unless it fell."""
+        and every range put back unless it fell (unchecked where there is no sample to measure)."""
         executor = executor or NumpyExecutor(graph)
         if not self.checked_on:
             return self.search(graph, executor, dataloader, calib_steps, collate_fn)
-        batches = held_aside_or_calibration(kwargs.get("held_aside"), dataloader, self.checked_on, collate_fn,
-                                            "range search check data")
-        references = references_of(batches, graph, executor, kwargs.get("references"))
-        error_before, saved = output_error(executor, batches, references), snapshot(graph)
+        check = check_data(graph, executor, dataloader, self.checked_on, collate_fn, kwargs, "range search check data")
+        if check is None:
+            return self.search(graph, executor, dataloader, calib_steps, collate_fn)
+        error_before, saved = output_error(executor, *check), snapshot(graph)
         report = self.search(graph, executor, dataloader, calib_steps, collate_fn)
-        error_after = output_error(executor, batches, references)
+        error_after = output_error(executor, *check)
         kept = error_after < error_before
         if not kept:
             restore(graph, saved)

@@ -23,6 +23,7 @@ import numpy as np
 from ...core.ir import Graph
 from ...executor import NumpyExecutor
 from ...executor.simulation import dequantized
+from .sensitivity import held_aside_or_calibration
 
 
 def batch_key(batch) -> tuple:
@@ -83,3 +84,15 @@ def references_of(batches: Iterable, graph: Graph, executor: NumpyExecutor,
         return [references.outputs(batch) for batch in batches]
     with dequantized(graph):
         return [executor.forward(batch) for batch in batches]
+
+
+def check_data(graph: Graph, executor: NumpyExecutor, dataloader: Iterable | None, samples: int,
+               collate_fn: Callable | None, pass_arguments: dict, description: str) -> tuple[list, list] | None:
+    """What a checked pass measures its change on: the first ``samples`` held-aside samples (the calibration
+    data where the pipeline holds none aside) and their FP32 outputs, taken now, before the pass changes a
+    float value; None where there is no sample to measure."""
+    batches = held_aside_or_calibration(pass_arguments.get("held_aside"), dataloader, samples, collate_fn,
+                                        description)
+    if not batches:
+        return None
+    return batches, references_of(batches, graph, executor, pass_arguments.get("references"))
