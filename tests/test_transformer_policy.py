@@ -48,6 +48,29 @@ def test_unrelated_erf_sub_and_skip_add_are_left_alone():
     assert find_transformer_blocks(graph) == []
 
 
+def test_a_matmul_reading_probabilities_through_moves_is_a_probability_matmul():
+    """Q K^T is an AttentionMatMul; the MatMul that reads the Softmax's probabilities through a Reshape and a
+    Transpose (heads merged, as exporters write them) is a ProbabilityMatMul; a MatMul reading a Sigmoid's
+    output (values in [0, 1] that are no probability row) stays an AttentionMatMul."""
+    from onnx import TensorProto, helper, numpy_helper
+    nodes = [helper.make_node("Transpose", ["x"], ["keys"], perm=[0, 2, 1], name="keys"),
+             helper.make_node("MatMul", ["x", "keys"], ["scores"], name="scores"),
+             helper.make_node("Softmax", ["scores"], ["probabilities"], axis=-1, name="softmax"),
+             helper.make_node("Reshape", ["probabilities", "shape"], ["merged"], name="merge"),
+             helper.make_node("Transpose", ["merged"], ["rows"], perm=[0, 2, 1], name="rows"),
+             helper.make_node("MatMul", ["rows", "x"], ["weighted"], name="weighted"),
+             helper.make_node("Sigmoid", ["scores"], ["gates"], name="sigmoid"),
+             helper.make_node("MatMul", ["gates", "x"], ["gated"], name="gated")]
+    graph_proto = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 4, 8]) for name in ("weighted", "gated")],
+        [numpy_helper.from_array(np.array([2, 4, 4], np.int64), "shape")])
+    graph = load_graph(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 13)]))
+    kinds = {block.tail: block.kind for block in find_transformer_blocks(graph)}
+    assert kinds == {"scores": "AttentionMatMul", "softmax": "Softmax", "weighted": "ProbabilityMatMul",
+                     "gated": "AttentionMatMul"}
+
+
 def _quantized(platform: str, **setting_changes):
     """The encoder quantized for ``platform`` with every op's outputs quantized where the transformer policy says
     (the placement onnxruntime's integer kernels and TPU-MLIR's all-int8 lowering run; TensorRT keeps its own)."""
@@ -78,14 +101,14 @@ def test_each_platform_policy_is_visible_in_its_configs(platform):
             assert graph.operations[name].config is None, (block.kind, name)  # computed inside, in float
         if treatment == "float":
             assert tail.config is None, (platform, block.kind)
-        elif block.kind == "AttentionMatMul":
+        elif block.kind in ("AttentionMatMul", "ProbabilityMatMul"):
             assert all(_on_grid(tail.config, "input")), (platform, block.kind)
         elif len(block.operations) > 1:  # a decomposed block: float inside, quantized result
             assert not any(_on_grid(tail.config, "input")) and all(_on_grid(tail.config, "output")), block
         else:
             assert tail.config is not None, (platform, block.kind)
     summary = graph.metadata["quantization"]["dispatch"]["blocks"]
-    assert set(summary) == {"LayerNorm", "Gelu", "Softmax", "AttentionMatMul", "ResidualAdd"}
+    assert set(summary) == {"LayerNorm", "Gelu", "Softmax", "AttentionMatMul", "ProbabilityMatMul", "ResidualAdd"}
     for kind, labels in summary.items():
         assert labels == {"TARGET" if policy.treatment(kind) == "quantize" else "FP32": Counter(
             b.kind for b in blocks)[kind]}
@@ -93,13 +116,18 @@ def test_each_platform_policy_is_visible_in_its_configs(platform):
 
 def test_platform_policies_follow_their_targets():
     """TensorRT and onnxruntime keep LayerNorm/GELU/Softmax in float; TPU-MLIR's int8 lowering makes GELU a
-    lookup table (quantized in and out) and keeps LayerNorm (F16) and Softmax (F32) in float."""
+    lookup table (quantized in and out) and keeps LayerNorm (F16) and Softmax (F32) in float.  All three run the
+    probabilities x V MatMul in float (NNCF's transformer mode leaves it unquantized too); the integer-only
+    DSP quantizes it."""
     trt, ort, tpu = (PLATFORM_POLICIES[TargetPlatform.parse(name)].transformer
                      for name in ("TRT_INT8", "ORT_INT8", "TPU_INT8"))
     assert trt.as_dict() == {"LayerNorm": "float", "Gelu": "float", "Activation": "float", "Softmax": "float",
-                             "AttentionMatMul": "quantize", "ResidualAdd": "float", "Embedding": "float"}
+                             "AttentionMatMul": "quantize", "ProbabilityMatMul": "float", "ResidualAdd": "float",
+                             "Embedding": "float"}
     assert ort.residual_add == "quantize" and ort.softmax == "float" and ort.layer_norm == "float"
     assert tpu.gelu == "quantize" and tpu.softmax == "float" and tpu.layer_norm == "float"
+    assert ort.probability_matmul == tpu.probability_matmul == "float"
+    assert PLATFORM_POLICIES[TargetPlatform.parse("DSP_INT8")].transformer.probability_matmul == "quantize"
     with pytest.raises(PlatformError, match="treatment"):
         TransformerPolicy(softmax="int4")
 
@@ -134,7 +162,8 @@ def test_vit_quantizes_as_its_policy_says_and_exports_as_simulated():
     graph = api.quantize_onnx_model(path, [calibration[:4], calibration[4:]], platform="TRT_INT8")
     meta = graph.metadata["quantization"]
     assert meta["dispatch"]["blocks"]["LayerNorm"] == {"FP32": 25}
-    assert meta["dispatch"]["blocks"]["AttentionMatMul"] == {"TARGET": 24}
+    assert meta["dispatch"]["blocks"]["AttentionMatMul"] == {"TARGET": 12}
+    assert meta["dispatch"]["blocks"]["ProbabilityMatMul"] == {"FP32": 12}
     smoothing = next(p["report"] for p in meta["passes"] if p["name"] == "smooth_quant")
     assert smoothing["smoothed"] >= 12  # the LayerNorms feeding the Q/K/V and fc1 MatMuls
     images = load_images("vit_s_focus", "dev", 2)[0]
@@ -159,9 +188,10 @@ def test_vit_blocks_are_all_found():
     graph = load_graph(str(BENCH_DIR / "models" / "vit_s_focus.onnx"))
     blocks = find_transformer_blocks(graph)
     kinds = Counter(b.kind for b in blocks)
-    # 12 blocks: 2 LayerNorms each and the final one, GELU and Softmax once, 2 attention MatMuls, 2 residual
-    # Adds (plus the position-embedding Add)
-    assert kinds == {"LayerNorm": 25, "Gelu": 12, "Softmax": 12, "AttentionMatMul": 24, "ResidualAdd": 25}
+    # 12 blocks: 2 LayerNorms each and the final one, GELU and Softmax once, 2 attention MatMuls (Q K^T, and
+    # the probabilities x V), 2 residual Adds (plus the position-embedding Add)
+    assert kinds == {"LayerNorm": 25, "Gelu": 12, "Softmax": 12, "AttentionMatMul": 12, "ProbabilityMatMul": 12,
+                     "ResidualAdd": 25}
     types = {b.kind: Counter() for b in blocks}
     for block in blocks:
         types[block.kind][(block.form, tuple(graph.operations[n].type for n in block.operations),
@@ -209,18 +239,21 @@ def test_ort_int8_transformer_runs_bit_for_bit_as_simulated():
 def test_transformers_quantize_what_matmuls_read_by_default(platform, tmp_path):
     """By default a graph with LayerNorms quantizes only what its MatMuls read (onnxruntime runs them as
     MatMulIntegerToFloat, TPU-MLIR lists every other op F32): LayerNorm, GELU, Softmax and the residual Adds are
-    float, their ops dispatched FP32; the export run by onnxruntime equals the simulation up to float rounding."""
+    float, their ops dispatched FP32, and so is the MatMul of the attention's probabilities and values; the export
+    run by onnxruntime equals the simulation up to float rounding."""
     setting = QuantizationSettingFactory.for_platform(platform)
     graph = api.quantize_onnx_model(encoder_model(), CALIB, platform=platform, setting=setting)
     report = next(p["report"] for p in graph.metadata["quantization"]["passes"] if p["name"] == "placement")
     assert report["placement"] == "compute_inputs"
     for block in find_transformer_blocks(graph):
-        if block.kind in ("LayerNorm", "Gelu", "Softmax", "ResidualAdd"):
+        if block.kind in ("LayerNorm", "Gelu", "Softmax", "ResidualAdd", "ProbabilityMatMul"):
             tail = graph.operations[block.tail]
             assert tail.platform is TargetPlatform.FP32 and (tail.config is None or not any(
                 governing_config(c) for c in tail.config.output_quantization_config)), block
-    matmuls = [op for op in graph.operations.values() if op.type == "MatMul"]
-    assert matmuls and all(governing_config(op.config.input_quantization_config[0]) for op in matmuls)
+    probabilities = {b.tail for b in find_transformer_blocks(graph) if b.kind == "ProbabilityMatMul"}
+    matmuls = [op for op in graph.operations.values() if op.type == "MatMul" and op.name not in probabilities]
+    assert probabilities and matmuls and all(governing_config(op.config.input_quantization_config[0])
+                                             for op in matmuls)
     result = verify_export(graph, TEST, optimizations=("all",))
     stats = result["end_to_end"]["all"]["y"]
     # TPU-MLIR rounds half away from zero, which QuantizeLinear does not: one step apart at ties (its report)

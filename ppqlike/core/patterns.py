@@ -11,7 +11,9 @@
 * ``Activation`` — a pointwise activation written out as several ops: HardSwish, SiLU or Mish
   (:mod:`ppqlike.core.block_activation`; the single ops are ops like any other);
 * ``Softmax`` — the ``Softmax`` op;
-* ``AttentionMatMul`` — a MatMul of two activations (Q K^T, probabilities x V);
+* ``AttentionMatMul`` — a MatMul of two activations (Q K^T);
+* ``ProbabilityMatMul`` — a MatMul of two activations one of which is a Softmax's output, passed on by ops that
+  keep its values (Reshape, Transpose, Gather, Concat, ...): the attention's probabilities x V;
 * ``ResidualAdd`` — an Add of two activations on the residual stream: one of its inputs, or its result, is what
   a LayerNorm block reads (pre-norm and post-norm blocks; the skip connections of CNNs are not);
 * ``Embedding`` — a Gather from a parameter table at activation indices.
@@ -30,11 +32,17 @@ from .block_norms import norm_match
 from .ir import Graph, Operation, Variable
 
 __all__ = ["Block", "BLOCK_KINDS", "find_transformer_blocks", "LAYER_NORM", "GELU", "ACTIVATION", "SOFTMAX",
-           "ATTENTION_MATMUL", "RESIDUAL_ADD", "EMBEDDING"]
+           "ATTENTION_MATMUL", "PROBABILITY_MATMUL", "RESIDUAL_ADD", "EMBEDDING"]
 
 LAYER_NORM, GELU, ACTIVATION, SOFTMAX = "LayerNorm", "Gelu", "Activation", "Softmax"
-ATTENTION_MATMUL, RESIDUAL_ADD, EMBEDDING = "AttentionMatMul", "ResidualAdd", "Embedding"
-BLOCK_KINDS = (LAYER_NORM, GELU, ACTIVATION, SOFTMAX, ATTENTION_MATMUL, RESIDUAL_ADD, EMBEDDING)
+ATTENTION_MATMUL, PROBABILITY_MATMUL = "AttentionMatMul", "ProbabilityMatMul"
+RESIDUAL_ADD, EMBEDDING = "ResidualAdd", "Embedding"
+BLOCK_KINDS = (LAYER_NORM, GELU, ACTIVATION, SOFTMAX, ATTENTION_MATMUL, PROBABILITY_MATMUL, RESIDUAL_ADD, EMBEDDING)
+
+#: ops that pass a Softmax's probabilities on to the MatMul that weighs the values with them (heads split or
+#: merged, rows picked): the MatMul still reads probabilities
+_PROBABILITY_CARRIERS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Gather", "Concat", "Identity",
+                                   "Dropout", "Cast"})
 
 
 @dataclass(frozen=True)
@@ -123,10 +131,19 @@ def _single_op_kind(operation: Operation, normalised: set[str]) -> str | None:
     if operation.type == "Softmax":
         return SOFTMAX
     if operation.type == "MatMul" and all(_is_activation(v) for v in operation.inputs[:2]):
-        return ATTENTION_MATMUL
+        return PROBABILITY_MATMUL if any(_reads_probabilities(v) for v in operation.inputs[:2]) else ATTENTION_MATMUL
     if operation.type == "Add" and len(operation.inputs) == 2 and all(_is_activation(v) for v in operation.inputs) \
             and any(v.name in normalised for v in (*operation.inputs, *operation.outputs)):
         return RESIDUAL_ADD
     if operation.type == "Gather" and operation.inputs[0].is_parameter and _is_activation(operation.inputs[1]):
         return EMBEDDING
     return None
+
+
+def _reads_probabilities(variable: Variable) -> bool:
+    """Whether ``variable`` is a Softmax's output, directly or through ops that only move its values."""
+    producer = variable.producer
+    while producer is not None and producer.type in _PROBABILITY_CARRIERS and producer.inputs \
+            and producer.inputs[0] is not None:
+        producer = producer.inputs[0].producer
+    return producer is not None and producer.type == "Softmax"

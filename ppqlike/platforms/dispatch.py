@@ -55,7 +55,7 @@ import networkx as nx
 
 from ..core.errors import PlatformError
 from ..core.ir import Graph, Operation, Variable
-from ..core.patterns import ATTENTION_MATMUL, RESIDUAL_ADD, find_transformer_blocks
+from ..core.patterns import ATTENTION_MATMUL, PROBABILITY_MATMUL, RESIDUAL_ADD, find_transformer_blocks
 from .dispatch_outputs import output_writers
 from .dispatch_soi import data_free_operations, soi_input_indices, soi_operations, value_inputs, value_uses
 from ..core.op_facts import COMPUTING_TYPES, RECURRENT_TYPES, SEQUENCE_TYPES, VALUE_PRESERVING_TYPES
@@ -93,14 +93,14 @@ class _Context:
 
     def block_labels(self, transformer) -> dict[str, TargetPlatform]:
         """The labels ``transformer`` (a TransformerPolicy) gives the ops of each block; blocks touching SOI or
-        data-free ops, and AttentionMatMul/ResidualAdd ops that read fewer than two run-time values, are left
-        to the strategy."""
+        data-free ops, and AttentionMatMul/ProbabilityMatMul/ResidualAdd ops that read fewer than two run-time
+        values, are left to the strategy."""
         labels: dict[str, TargetPlatform] = {}
         for block in find_transformer_blocks(self.graph):
             if any(name in self.soi or name in self.data_free for name in block.operations):
                 continue
             tail = self.graph.operations[block.tail]
-            if block.kind in (ATTENTION_MATMUL, RESIDUAL_ADD) and len(self.producers(tail)) != 2:
+            if block.kind in (ATTENTION_MATMUL, PROBABILITY_MATMUL, RESIDUAL_ADD) and len(self.producers(tail)) != 2:
                 continue
             self.block_tails[block.tail] = block.kind
             quantized = transformer.treatment(block.kind) == "quantize"

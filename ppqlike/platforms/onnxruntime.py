@@ -31,6 +31,6 @@ ORT_INT8_POLICY = PlatformPolicy(
     exporter="qdq_onnx",
     transformer_placement="compute_inputs",
     transformer=TransformerPolicy(layer_norm="float", gelu="float", softmax="float", attention_matmul="quantize",
-                                  residual_add="quantize", embedding="float"),
+                                  probability_matmul="float", residual_add="quantize", embedding="float"),
     description="onnxruntime CPU: uint8 asymmetric activations, per-channel int8 weights, int32 bias",
 )

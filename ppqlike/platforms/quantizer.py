@@ -82,6 +82,7 @@ class TransformerPolicy:
     gelu: str = "quantize"
     softmax: str = "quantize"
     attention_matmul: str = "quantize"
+    probability_matmul: str = "quantize"
     residual_add: str = "quantize"
     embedding: str = "float"
 
@@ -93,7 +94,7 @@ class TransformerPolicy:
 
     def treatment(self, kind: str) -> str:
         """The treatment of a block kind ('LayerNorm', 'Gelu', 'Activation', 'Softmax', 'AttentionMatMul',
-        'ResidualAdd', 'Embedding')."""
+        'ProbabilityMatMul', 'ResidualAdd', 'Embedding')."""
         return getattr(self, _BLOCK_FIELDS[kind])
 
     def as_dict(self) -> dict[str, str]:
@@ -102,7 +103,8 @@ class TransformerPolicy:
 
 
 _BLOCK_FIELDS = {"LayerNorm": "layer_norm", "Gelu": "gelu", "Activation": "gelu", "Softmax": "softmax",
-                 "AttentionMatMul": "attention_matmul", "ResidualAdd": "residual_add", "Embedding": "embedding"}
+                 "AttentionMatMul": "attention_matmul", "ProbabilityMatMul": "probability_matmul",
+                 "ResidualAdd": "residual_add", "Embedding": "embedding"}
 
 
 DEFAULT_QUANTIZABLE_TYPES = frozenset({

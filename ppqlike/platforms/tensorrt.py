@@ -7,8 +7,11 @@ TensorRT's explicit quantization runs best (``optim.passes.placement``):
 Q/DQ on the inputs of Conv/Gemm/MatMul and on the skip input of a residual
 Add fused into a conv's epilogue, everything else (and the outputs) float.  Transformers: TensorRT
 runs LayerNorm, GELU (fused into the GEMM epilogue), Softmax and residual Adds
-in float where no Q/DQ pair asks otherwise, and runs the attention MatMuls
-(Q K^T, probabilities x V) in int8 when their inputs are quantized.  PPL CUDA differs only
+in float where no Q/DQ pair asks otherwise, and runs the attention MatMuls in int8
+when their inputs are quantized: Q K^T is, the probabilities x V is not (it runs in
+float, as NNCF's transformer mode leaves it: an 8-bit grid over a probability row
+either rounds the small weights of a diffuse head to zero or clips the peak of a
+sharp one; the ViT-S's worst dev image 0.898 -> 0.984, docs/TRANSFORMERS.md).  PPL CUDA differs only
 in quantizing the bias to int32 and aligning Add inputs to the output.  PPL_CUDA_INT4 is PPL CUDA with
 symmetric int4 activations and weights; PPL_CUDA_MIX is int4 with int8 as its higher precision (PPQ's mixed
 platform: the layer protection and the accuracy target move layers to int8 before FP32).
@@ -28,7 +31,7 @@ TRT_INT8_POLICY = PlatformPolicy(
     exporter="qdq_onnx",
     placement="compute_inputs",
     transformer=TransformerPolicy(layer_norm="float", gelu="float", softmax="float", attention_matmul="quantize",
-                                  residual_add="float", embedding="float"),
+                                  probability_matmul="float", residual_add="float", embedding="float"),
     description="TensorRT: int8 symmetric activations (per tensor) where int8 kernels read them, per-channel int8 "
                 "weights, float bias",
 )

@@ -8,8 +8,8 @@ BM1684X (LayerNorm in F16, Softmax in F32, GELU as a 256-entry lookup table,
 attention MatMuls and residual Adds in int8: the transformer policy below)
 keeps MiniLM-L6 at 0.74 embedding cosine, so a graph with LayerNorms takes the
 mixed precision TPU-MLIR's quantize table expresses (``transformer_placement``):
-int8 MatMuls, every other op listed F32 in the qtable (0.997 with
-SmoothQuant's Muls in front of the MatMuls).  Recurrent ops (LSTM, GRU) stay float: TPU-MLIR's int8 lowering of
+int8 MatMuls but the probabilities x V (F32, as every other op listed in the
+qtable; 0.997 with SmoothQuant's Muls in front of the MatMuls).  Recurrent ops (LSTM, GRU) stay float: TPU-MLIR's int8 lowering of
 LSTM and GRU for BM1684X emits the F32 op (the quantize table lists their
 outputs F32).  Higher precision: the accuracy target and the layer protection move a layer to BF16 first
 (TPU-MLIR's quantize table mode ``BF16``: activations and weights cast to bfloat16, bias float; the layer's
@@ -32,7 +32,7 @@ TPU_INT8_POLICY = PlatformPolicy(
     exporter="tpu_mlir",
     transformer_placement="compute_inputs",
     transformer=TransformerPolicy(layer_norm="float", gelu="quantize", softmax="float", attention_matmul="quantize",
-                                  residual_add="quantize", embedding="float"),
+                                  probability_matmul="float", residual_add="quantize", embedding="float"),
     description="TPU-MLIR: symmetric int8, per-channel weights, int32 bias, integer multiplier/shift requant",
 )
 
