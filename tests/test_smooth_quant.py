@@ -105,3 +105,15 @@ def test_setting_runs_it_in_the_pipeline_and_the_export_matches():
     with pytest.raises(PlatformError, match="smooth_quant_alpha"):
         setting.smooth_quant_alpha = 1.5
         setting.validate()
+
+
+def test_the_products_computed_once_give_the_same_error():
+    """The alpha search hands every candidate the FP32 products rows @ W computed once: the error is the one
+    computed from scratch, to the bit."""
+    from ppqlike.optim.passes.smooth_quant import channel_scales, int8_product_error
+    rng = np.random.default_rng(5)
+    rows = rng.standard_normal((64, 12)) * np.linspace(0.1, 20, 12)
+    weights = [rng.standard_normal((12, 8)), rng.standard_normal((12, 5))]
+    scales = channel_scales(np.abs(rows).max(0), np.max([np.abs(w).max(1) for w in weights], axis=0), 0.5)
+    assert int8_product_error(rows, weights, scales, [rows @ w for w in weights]) == \
+        int8_product_error(rows, weights, scales)

@@ -74,18 +74,20 @@ def channel_scales(activation_max: np.ndarray, weight_max: np.ndarray, alpha: fl
     return np.clip(scales, *_SCALE_BOUNDS)
 
 
-def int8_product_error(rows: np.ndarray, weights: list[np.ndarray], scales: np.ndarray) -> float:
+def int8_product_error(rows: np.ndarray, weights: list[np.ndarray], scales: np.ndarray,
+                       references: list[np.ndarray] | None = None) -> float:
     """Relative squared error of the int8 product of (rows / s) and (diag(s) W), summed over ``weights``
-    ([C_in, C_out] each): per-tensor symmetric activations, per-output-channel symmetric weights."""
+    ([C_in, C_out] each): per-tensor symmetric activations, per-output-channel symmetric weights.
+    ``references``: the FP32 products ``rows @ W`` where the caller computed them once for every candidate."""
     smoothed = rows / scales
     step = max(float(np.abs(smoothed).max()), 1e-12) / 127.0
     quantized_rows = np.clip(np.round(smoothed / step), -128, 127) * step
     error = 0.0
-    for weight in weights:
+    for index, weight in enumerate(weights):
         scaled = weight * scales[:, None]
         weight_step = np.maximum(np.abs(scaled).max(axis=0, keepdims=True), 1e-12) / 127.0
         quantized_weight = np.clip(np.round(scaled / weight_step), -127, 127) * weight_step
-        reference = rows @ weight
+        reference = rows @ weight if references is None else references[index]
         error += float(((quantized_rows @ quantized_weight - reference) ** 2).sum() /
                        max(float((reference ** 2).sum()), 1e-30))
     return error
@@ -142,10 +144,11 @@ class SmoothQuantPass(QuantizationOptimizationPass):
         weight_max = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
         if self.alpha is not None:
             return self.alpha, channel_scales(activation_max, weight_max, self.alpha)
-        best = (int8_product_error(rows, weights, np.ones(len(weight_max))), None, None)
+        references = [rows @ weight for weight in weights]   # the same for every candidate: computed once
+        best = (int8_product_error(rows, weights, np.ones(len(weight_max)), references), None, None)
         for alpha in ALPHAS:
             scales = channel_scales(activation_max, weight_max, alpha)
-            error = int8_product_error(rows, weights, scales)
+            error = int8_product_error(rows, weights, scales, references)
             if error < best[0]:
                 best = (error, alpha, scales)
         return best[1], best[2]
