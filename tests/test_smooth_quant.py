@@ -117,3 +117,17 @@ def test_the_products_computed_once_give_the_same_error():
     scales = channel_scales(np.abs(rows).max(0), np.max([np.abs(w).max(1) for w in weights], axis=0), 0.5)
     assert int8_product_error(rows, weights, scales, [rows @ w for w in weights]) == \
         int8_product_error(rows, weights, scales)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 2600), st.integers(0, 2 ** 31 - 1))
+def test_the_integer_product_is_exact(channels, seed):
+    """int8 x int8 codes multiplied in float32 pieces give the exact integer product (computed in int64), up
+    to the largest codes on every term."""
+    from ppqlike.optim.passes.smooth_quant import integer_product
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(-128, 128, (3, channels))
+    weights = rng.integers(-127, 128, (channels, 2))
+    rows[0], weights[:, 0] = -128, -127   # the largest sum there can be
+    exact = rows.astype(np.int64) @ weights.astype(np.int64)
+    assert np.array_equal(integer_product(rows.astype(np.float32), weights.astype(np.float32)), exact)

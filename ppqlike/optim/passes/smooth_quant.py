@@ -81,16 +81,31 @@ def int8_product_error(rows: np.ndarray, weights: list[np.ndarray], scales: np.n
     ``references``: the FP32 products ``rows @ W`` where the caller computed them once for every candidate."""
     smoothed = rows / scales
     step = max(float(np.abs(smoothed).max()), 1e-12) / 127.0
-    quantized_rows = np.clip(np.round(smoothed / step), -128, 127) * step
+    row_codes = np.clip(np.round(smoothed / step), -128, 127).astype(np.float32)
     error = 0.0
     for index, weight in enumerate(weights):
         scaled = weight * scales[:, None]
         weight_step = np.maximum(np.abs(scaled).max(axis=0, keepdims=True), 1e-12) / 127.0
-        quantized_weight = np.clip(np.round(scaled / weight_step), -127, 127) * weight_step
+        weight_codes = np.clip(np.round(scaled / weight_step), -127, 127).astype(np.float32)
         reference = rows @ weight if references is None else references[index]
-        error += float(((quantized_rows @ quantized_weight - reference) ** 2).sum() /
-                       max(float((reference ** 2).sum()), 1e-30))
+        product = integer_product(row_codes, weight_codes) * (step * weight_step)
+        error += float(((product - reference) ** 2).sum() / max(float((reference ** 2).sum()), 1e-30))
     return error
+
+
+#: the longest run of int8 x int8 products a float32 sum holds exactly: 1024 * 128 * 127 < 2 ** 24
+_EXACT_FLOAT32_TERMS = 1024
+
+
+def integer_product(row_codes: np.ndarray, weight_codes: np.ndarray) -> np.ndarray:
+    """``row_codes @ weight_codes`` for int8 codes held in float32, exact: float32 matrix products over
+    pieces of at most 1024 input channels (every partial sum an integer below 2^24), summed in float64."""
+    channels = row_codes.shape[1]
+    total = np.zeros((row_codes.shape[0], weight_codes.shape[1]), np.float64)
+    for start in range(0, channels, _EXACT_FLOAT32_TERMS):
+        stop = start + _EXACT_FLOAT32_TERMS
+        total += row_codes[:, start:stop] @ weight_codes[start:stop]
+    return total
 
 
 class SmoothQuantPass(QuantizationOptimizationPass):
