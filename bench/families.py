@@ -5,6 +5,7 @@ inputs and scored against the FP32 model.
     python3 bench/families.py                                         # every family, balanced, 3 platforms + ORT
     python3 bench/families.py --models minilm,magika --platforms ORT_INT8 --recipe best --json /tmp/f.json
     python3 bench/families.py --no-ort --calib-samples 16 --markdown /tmp/f.md
+    python3 bench/families.py --models minilm --peers                 # + NNCF's default and transformer mode
 
 The families are built by ``bench/devset/build.py`` (its own venv; bench/devset/README.md) into ``--devset``
 (default ``$PPQLIKE_DEVSET`` or /work/devmodels): ``<name>/model.onnx``, ``calib.npz``, ``dev.npz``,
@@ -20,6 +21,9 @@ shows the mean over outputs of the per-sample mean, the worst sample of any outp
 samples with a non-finite output, which have no cosine; a second table gives each output of multi-output
 models), and the family metric of ``bench/family_metrics.py`` (detection F1 against the FP32 boxes, top-1
 agreement, ...).  Printed: the tables; ``--json``: every measurement, with versions and load averages.
+``--peers``: NNCF's rows too, quantizing in the peers' venv (``bench/peers.py``, bench/README.md) on the same
+calibration samples: ``nncf.quantize`` with its defaults, and with ``model_type=nncf.ModelType.TRANSFORMER``
+(the row issue 33 holds BERT-style encoders to; it is NNCF's own advice for transformers).
 """
 
 from __future__ import annotations
@@ -140,10 +144,29 @@ def _quantize_ort(spec: dict) -> dict:
     return {"quantize_seconds": time.perf_counter() - started, "note": note}
 
 
+def _quantize_nncf(spec: dict) -> dict:
+    import importlib.metadata
+
+    import nncf
+    import onnx
+
+    family = spec["family"]
+    calibration = batches(family, "calib", spec["calib_samples"])
+    model = onnx.load(family["model_path"])
+    options = {"model_type": nncf.ModelType.TRANSFORMER} if spec["variant"] == "transformer" else {}
+    started = time.perf_counter()
+    quantized = nncf.quantize(model, nncf.Dataset(calibration), subset_size=sum(
+        len(next(iter(feed.values()))) for feed in calibration), **options)
+    done = time.perf_counter()
+    onnx.save(quantized, spec["output"])
+    return {"quantize_seconds": done - started, "export_seconds": time.perf_counter() - done,
+            "versions": {name: importlib.metadata.version(name) for name in ("nncf", "onnx", "onnxruntime")}}
+
+
 def run_child(spec: dict) -> None:
     """Entry point of a child process: quantize as ``spec`` says, print one JSON line (``error`` on failure)."""
     try:
-        result = (_quantize_ppqlike if spec["tool"] == "ppqlike" else _quantize_ort)(spec)
+        result = {"ppqlike": _quantize_ppqlike, "ort": _quantize_ort, "nncf": _quantize_nncf}[spec["tool"]](spec)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on with the next row
         result = _error(exc)
     print(json.dumps(result), flush=True)
@@ -151,9 +174,15 @@ def run_child(spec: dict) -> None:
 
 # ---------------------------------------------------------------- the parent
 
-def configurations(platforms: list[str], recipe: str, with_ort: bool) -> list[dict]:
+#: NNCF's rows (``--peers``): its defaults, and its transformer mode
+NNCF_VARIANTS = ("default", "transformer")
+
+
+def configurations(platforms: list[str], recipe: str, with_ort: bool, with_peers: bool = False) -> list[dict]:
     rows = [{"key": f"ppqlike:{p}:{recipe}", "tool": "ppqlike", "platform": p, "recipe": recipe} for p in platforms]
-    return rows + ([{"key": ORT_BASELINE, "tool": "ort"}] if with_ort else [])
+    rows += [{"key": ORT_BASELINE, "tool": "ort"}] if with_ort else []
+    return rows + ([{"key": f"nncf:{variant}", "tool": "nncf", "variant": variant} for variant in NNCF_VARIANTS]
+                   if with_peers else [])
 
 
 def score(family: dict, reference: dict, outputs: dict) -> dict:
@@ -183,6 +212,7 @@ def score(family: dict, reference: dict, outputs: dict) -> dict:
 def run_family(family: dict, configs: list[dict], args, workdir: Path, log) -> dict:
     import matrix
     import metrics
+    import peers
 
     name = family["name"]
     dev = batches(family, "dev")
@@ -196,7 +226,15 @@ def run_family(family: dict, configs: list[dict], args, workdir: Path, log) -> d
     for config in configs:
         output = workdir / f"{name}__{config['key'].replace(':', '_')}.onnx"
         spec = {**config, "family": family, "calib_samples": calib_samples, "output": str(output)}
-        command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+        python = sys.executable
+        if config["tool"] == "nncf":   # quantizes in the peers' venv
+            why = peers.unavailable("nncf")
+            if why is not None:
+                log(f"[{name}] {config['key']}: skipped, {why}")
+                result["rows"].append({"config": config["key"], "error": f"skipped: {why}"})
+                continue
+            python = str(peers.peer_python())
+        command = [python, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
         measured = matrix.measure_child(command, output.with_suffix(".log"))
         child = measured.get("child", {})
         row = {"config": config["key"], "wall_seconds": round(measured["wall_seconds"], 1),
@@ -276,6 +314,8 @@ def main(argv=None) -> None:
     parser.add_argument("--calib-samples", type=int, default=None,
                         help="calibration samples (default: each manifest's calib_default)")
     parser.add_argument("--no-ort", action="store_true", help="leave out onnxruntime's quantize_static row")
+    parser.add_argument("--peers", action="store_true",
+                        help="add NNCF's rows (its defaults, and its transformer mode), run in the peers' venv")
     parser.add_argument("--json", type=Path, default=None, help="write every measurement as JSON here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the table as Markdown here")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the quantized models here")
@@ -286,7 +326,7 @@ def main(argv=None) -> None:
     platforms = [p.strip().upper() for p in args.platforms.split(",") if p.strip()]
     names = ([n.strip() for n in args.models.split(",") if n.strip()] if args.models else
              sorted(p.name for p in args.devset.iterdir() if p.is_dir()) if args.devset.is_dir() else [])
-    configs = configurations(platforms, args.recipe, not args.no_ort)
+    configs = configurations(platforms, args.recipe, not args.no_ort, args.peers)
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
