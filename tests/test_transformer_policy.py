@@ -89,7 +89,7 @@ def _on_grid(config, side: str) -> list[bool]:
     return [governing_config(c) is not None for c in configs]
 
 
-@pytest.mark.parametrize("platform", ["TRT_INT8", "ORT_INT8", "TPU_INT8", "DSP_INT8", "ACADEMIC_INT8"])
+@pytest.mark.parametrize("platform", ["TRT_INT8", "ORT_INT8", "TPU_INT8", "DSP_INT8", "ACADEMIC_INT8", "PPL_CUDA_INT8"])
 def test_each_platform_policy_is_visible_in_its_configs(platform):
     graph = _quantized(platform)
     policy = PLATFORM_POLICIES[TargetPlatform.parse(platform)].transformer
@@ -141,7 +141,7 @@ def test_dispatching_table_overrides_the_policy():
     assert pinned.metadata["quantization"]["dispatch"]["pinned"] == {residual.tail: "TARGET"}
 
 
-@pytest.mark.parametrize("platform", ["TRT_INT8", "ORT_INT8", "TPU_INT8", "DSP_INT8"])
+@pytest.mark.parametrize("platform", ["TRT_INT8", "ORT_INT8", "TPU_INT8", "DSP_INT8", "PPL_CUDA_INT8"])
 def test_transformer_exports_match_the_simulation(platform):
     graph = _quantized(platform)
     result = verify_export(graph, TEST, optimizations=("disable",))
