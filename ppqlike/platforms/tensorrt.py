@@ -11,9 +11,9 @@ in float where no Q/DQ pair asks otherwise, and runs the attention MatMuls in in
 when their inputs are quantized: Q K^T is, the probabilities x V is not (it runs in
 float, as NNCF's transformer mode leaves it: an 8-bit grid over a probability row
 either rounds the small weights of a diffuse head to zero or clips the peak of a
-sharp one; the ViT-S's worst dev image 0.898 -> 0.984, docs/TRANSFORMERS.md).  PPL CUDA differs only
-in quantizing the bias to int32 and aligning Add inputs to the output.  PPL_CUDA_INT4 is PPL CUDA with
-symmetric int4 activations and weights; PPL_CUDA_MIX is int4 with int8 as its higher precision (PPQ's mixed
+sharp one; the ViT-S's worst dev image 0.898 -> 0.984, docs/TRANSFORMERS.md).
+PPL CUDA differs only in quantizing the bias to int32 and aligning Add inputs to the
+output.  PPL_CUDA_INT4 is PPL CUDA with symmetric int4 activations and weights; PPL_CUDA_MIX is int4 with int8 as its higher precision (PPQ's mixed
 platform: the layer protection and the accuracy target move layers to int8 before FP32).
 Recurrent ops (LSTM, GRU, RNN) stay float: onnx-tensorrt imports them as
 loops in FP32/FP16 only (its operator support matrix lists no INT8 for them),

@@ -9,9 +9,9 @@ attention MatMuls and residual Adds in int8: the transformer policy below)
 keeps MiniLM-L6 at 0.74 embedding cosine, so a graph with LayerNorms takes the
 mixed precision TPU-MLIR's quantize table expresses (``transformer_placement``):
 int8 MatMuls but the probabilities x V (F32, as every other op listed in the
-qtable; 0.997 with SmoothQuant's Muls in front of the MatMuls).  Recurrent ops (LSTM, GRU) stay float: TPU-MLIR's int8 lowering of
-LSTM and GRU for BM1684X emits the F32 op (the quantize table lists their
-outputs F32).  Higher precision: the accuracy target and the layer protection move a layer to BF16 first
+qtable; 0.997 with SmoothQuant's Muls in front of the MatMuls).  Recurrent ops
+(LSTM, GRU) stay float: TPU-MLIR's int8 lowering of LSTM and GRU for BM1684X
+emits the F32 op (the quantize table lists their outputs F32).  Higher precision: the accuracy target and the layer protection move a layer to BF16 first
 (TPU-MLIR's quantize table mode ``BF16``: activations and weights cast to bfloat16, bias float; the layer's
 readers cast back to int8 with its int8 threshold), FP32 after it where BF16 is not enough.  TPU_BF16 and
 TPU_F16 are the whole-model modes (every op BF16 / F16: ``model_deploy.py --quantize BF16``).

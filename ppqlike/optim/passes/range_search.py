@@ -39,8 +39,9 @@ search): the output error on the held-aside samples is measured before and
 after, and every range is put back unless it fell.
 
 Reads: ACTIVATED output configs after calibration, alignment and the passive
-pass (and the protection's moves); the calibration data.  Writes: their scale and offset (state and grid
-unchanged); ``config.detail['range_search']`` (calibrated and chosen error).
+pass (and the protection's moves); the calibration data.  Writes: their scale
+and offset (state and grid unchanged); ``config.detail['range_search']``
+(calibrated and chosen error).
 """
 
 from __future__ import annotations
@@ -137,9 +138,8 @@ class ActivationRangeSearchPass(QuantizationOptimizationPass):
         measured before and after on that many samples (the held-aside batches where the pipeline has them)
         and every range put back unless it fell (unchecked where there is no sample to measure)."""
         executor = executor or NumpyExecutor(graph)
-        if not self.checked_on:
-            return self.search(graph, executor, dataloader, calib_steps, collate_fn)
-        check = check_data(graph, executor, dataloader, self.checked_on, collate_fn, kwargs, "range search check data")
+        check = check_data(graph, executor, dataloader, self.checked_on, collate_fn, kwargs,
+                           "range search check data") if self.checked_on else None
         if check is None:
             return self.search(graph, executor, dataloader, calib_steps, collate_fn)
         error_before, saved = output_error(executor, *check), snapshot(graph)

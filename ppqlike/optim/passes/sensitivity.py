@@ -260,9 +260,9 @@ class CachedSamples:
     piece by piece: ``for cached, reference in samples``, each visit in the same order.
 
     Where every batch's intermediates fit in ``budget`` bytes (``CACHE_BUDGET_BYTES``; measured on one
-    sample first), each piece is a whole batch, cached once and held.  Where they do not, each batch is cut into pieces of as many samples
-    as fit, cached again at each visit and let go, so that no more than the budget is held, for one more FP32
-    forward per visit (a ViT-S on TensorRT's placement held 8.6 GB for its 16 held-aside images).  A batch
+    sample first), each piece is a whole batch, cached once and held.  Where they do not, each batch is cut
+    into pieces of as many samples as fit, cached again at each visit and let go, so that no more than the
+    budget is held, for one more FP32 forward per visit (a ViT-S on TensorRT's placement held 8.6 GB for its 16 held-aside images).  A batch
     whose inputs or outputs share no leading axis stays whole."""
 
     def __init__(self, runner: AloneRunner, batches: list, references: list, budget: int | None = None):
