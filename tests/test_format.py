@@ -12,7 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_helpers import make_model, run_onnxruntime
 from ppqlike.core.errors import GraphError
 from ppqlike.io import export_onnx_model, load_onnx_graph
-from ppqlike.io.format import (FormatReport, fold_batchnorm, fold_bias_add, fold_constants, format_graph,
+from ppqlike.io.format import (FormatReport, fold_batchnorm, fold_bias_add, fold_constants, fold_followers,
+                               fold_scale_mul, format_graph,
                                remove_dead_code, remove_identity)
 from shared_bench import MODEL_NAMES, PRESETS, load_images, requires_bench
 
@@ -393,6 +394,62 @@ def test_add_of_two_activations_or_shared_output_stays():
     model = make_model(nodes, [_info("x", shape)], [_info("y", shape), _info("z", shape), _info("n", shape)], inits)
     graph, _ = _apply(model, fold_bias_add, {"x": _normal(*shape)})
     assert _types(graph) == {"Conv": 2, "Add": 2, "Neg": 1}
+
+
+# ------------------------------------------------------------------ scale folding --
+@pytest.mark.parametrize("shape", [(1, 4, 1, 1), (4, 1, 1), (), (1,)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fold_per_channel_mul_into_conv(shape, bias):
+    scale = _normal(*shape) if shape else np.float32(-1.5)
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["scale", "c"], ["y"])]  # constant first: order does not matter
+    inits = [_init("w", _normal(4, 3, 3, 3)), _init("scale", scale)] + ([_init("b", _normal(4))] if bias else [])
+    model = make_model(nodes, [_info("x", [1, 3, 5, 5])], [_info("y", [1, 4, 5, 5])], inits)
+    graph, report = _apply(model, fold_scale_mul, {"x": _normal(1, 3, 5, 5)})
+    assert _types(graph) == {"Conv": 1} and report.counts["Mul folded into the weights of Conv"] == 1
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_fold_mul_into_gemm_and_matmul(trans_b):
+    weight = _normal(6, 5) if trans_b else _normal(5, 6)
+    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["g"], transB=trans_b, beta=0.5, alpha=2.0),
+             helper.make_node("Mul", ["g", "scale"], ["y"]),
+             helper.make_node("MatMul", ["z", "w2"], ["m"]), helper.make_node("Mul", ["m", "scale"], ["y2"])]
+    inits = [_init("w", weight), _init("c", _normal(6)), _init("scale", _normal(1, 6)), _init("w2", _normal(5, 6))]
+    model = make_model(nodes, [_info("x", [2, 5]), _info("z", [2, 3, 5])], [_info("y", [2, 6]), _info("y2", [2, 3, 6])],
+                       inits)
+    graph, report = _apply(model, fold_scale_mul, {"x": _normal(2, 5), "z": _normal(2, 3, 5)})
+    assert _types(graph) == {"Gemm": 1, "MatMul": 1}   # a MatMul keeps its type: no bias to add
+
+
+def test_mul_that_is_not_a_channel_scale_or_shares_the_output_stays():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Mul", ["c", "vector"], ["y"]),
+             helper.make_node("Conv", ["x", "w"], ["d"]), helper.make_node("Mul", ["d", "scale"], ["z"]),
+             helper.make_node("Neg", ["d"], ["n"]), helper.make_node("Mul", ["x", "x"], ["sq"])]
+    inits = [_init("w", _normal(3, 3, 1, 1)), _init("vector", _normal(2)), _init("scale", _normal(1, 3, 1, 1))]
+    shape = [1, 3, 2, 2]
+    model = make_model(nodes, [_info("x", shape)],
+                       [_info("y", shape), _info("z", shape), _info("n", shape), _info("sq", shape)], inits)
+    graph, report = _apply(model, fold_scale_mul, {"x": _normal(*shape)})
+    assert _types(graph) == {"Conv": 2, "Mul": 3, "Neg": 1}
+    assert report.skipped["Mul after Conv that is not a finite per-channel scale"] == 1
+    assert report.skipped["Mul whose input has other readers"] == 1
+
+
+def test_fold_followers_folds_what_an_earlier_fold_makes_foldable():
+    # PP-OCRv4's head: ConvTranspose -> bias Add -> BatchNormalization, and Conv -> Mul -> Add (a learned
+    # affine): one round folds the Add, the next the BatchNormalization after it.
+    nodes = [helper.make_node("ConvTranspose", ["x", "wt"], ["t"], strides=[2, 2]),
+             helper.make_node("Add", ["t", "bt"], ["ta"]), _bn("bn", "ta", "y"),
+             helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Mul", ["c", "s"], ["cm"]),
+             helper.make_node("Add", ["cm", "b"], ["z"])]
+    inits = [_init("wt", _normal(3, 4, 2, 2)), _init("bt", _normal(1, 4, 1, 1)), _init("w", _normal(5, 3, 3, 3)),
+             _init("s", _normal(1)), _init("b", _normal(1))] + _bn_params("bn", 4)
+    model = make_model(nodes, [_info("x", [1, 3, 4, 4])], [_info("y", [1, 4, 8, 8]), _info("z", [1, 5, 2, 2])], inits)
+    graph, report = _apply(model, fold_followers, {"x": _normal(1, 3, 4, 4)})
+    assert _types(graph) == {"ConvTranspose": 1, "Conv": 1}
+    assert report.counts["BatchNormalization folded into ConvTranspose"] == 1
+    assert report.counts["Mul folded into the weights of Conv"] == 1
 
 
 # ------------------------------------------------------------------ everything together --

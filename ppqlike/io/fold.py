@@ -1,4 +1,5 @@
-"""Folding of BatchNormalization and bias Adds into the Conv/ConvTranspose/Gemm/MatMul before them.
+"""Folding of BatchNormalization, constant scales (Mul) and bias Adds into the Conv/ConvTranspose/Gemm/MatMul
+before them.
 
 Part of graph formatting (:mod:`ppqlike.io.format`).  Reads parameter values
 and static shapes; writes weights and biases (a weight another op also reads
@@ -9,6 +10,9 @@ is copied, never changed under that op), removes the folded op, and turns a
 from __future__ import annotations
 
 import numpy as np
+
+from collections import Counter
+from typing import Callable, Sequence
 
 from ..core.ir import Graph, Operation, Variable
 from ..core.op_facts import COMPUTING_TYPES
@@ -176,6 +180,53 @@ def _per_channel(producer: Operation, constant: np.ndarray) -> np.ndarray | None
     return np.broadcast_to(constant.astype(np.float64).reshape(-1), (channels,))
 
 
+def _constant_operand(operation: Operation) -> tuple[Variable, Variable] | None:
+    """(the constant float input, the computed one) of a binary op with exactly one of each, else None."""
+    if operation.domain not in DEFAULT_DOMAINS or len(operation.inputs) != 2 or None in operation.inputs:
+        return None
+    constants = [v for v in operation.inputs if v.is_parameter]
+    activations = [v for v in operation.inputs if not v.is_parameter]
+    if len(constants) != 1 or len(activations) != 1 or not _float_parameter(constants[0]):
+        return None
+    return constants[0], activations[0]
+
+
+def fold_scale_mul(graph: Graph) -> FormatReport:
+    """Fold ``Mul(op output, constant)`` into the op's weight (and bias) when the constant is per output channel.
+
+    y = s * (W x + b) = (s W) x + s b, exact in float, as onnxruntime's ConvMulFusion does: a Conv followed by
+    a learned scale (PP-OCRv4's "learnable affine" blocks: Conv -> Mul -> Add) is then quantized once, at the
+    end of the affine, where the chain was rounded after each op.  The constant's shapes are those of
+    :func:`fold_bias_add`; a MatMul keeps its type (no bias to add).  Runs before it, so that the Add after
+    the Mul folds too.
+    """
+    report = start_report(graph)
+    for mul in graph.topological_sort():
+        operands = _constant_operand(mul) if mul.type == "Mul" else None
+        if operands is None:
+            continue
+        constant, activation = operands
+        producer = _fusable_producer(graph, activation, report, "Mul")
+        if producer is None:
+            continue
+        if constant.value.dtype != producer.inputs[1].value.dtype:
+            report.skipped["Mul of another dtype"] += 1
+            continue
+        scale = _per_channel(producer, constant.value) if _channels(producer) > 0 else None
+        if scale is None or not np.isfinite(scale).all():
+            report.skipped[f"Mul after {producer.type} that is not a finite per-channel scale"] += 1
+            continue
+        dtype = producer.inputs[1].value.dtype
+        _write_parameter(graph, producer, 1, _scale_weight(producer, scale), dtype)
+        if len(producer.inputs) > 2 and producer.inputs[2] is not None:
+            _add_bias(graph, producer, np.zeros_like(scale), scale)
+        _remove_follower(graph, mul, activation)
+        report.counts[f"Mul folded into the weights of {producer.type}"] += 1
+    dead = remove_dead_code(graph)
+    report.counts.update(dead.counts)
+    return finish_report(graph, report)
+
+
 def fold_bias_add(graph: Graph) -> FormatReport:
     """Fold ``Add(op output, constant)`` into the op's bias when the constant is per output channel.
 
@@ -185,19 +236,17 @@ def fold_bias_add(graph: Graph) -> FormatReport:
     """
     report, shapes = start_report(graph), None
     for add in graph.topological_sort():
-        if add.type != "Add" or add.domain not in DEFAULT_DOMAINS or len(add.inputs) != 2 or None in add.inputs:
+        operands = _constant_operand(add) if add.type == "Add" else None
+        if operands is None:
             continue
-        constants = [v for v in add.inputs if v.is_parameter]
-        activations = [v for v in add.inputs if not v.is_parameter]
-        if len(constants) != 1 or len(activations) != 1 or not _float_parameter(constants[0]):
-            continue
-        producer = _fusable_producer(graph, activations[0], report, "Add")
+        constant, activation = operands
+        producer = _fusable_producer(graph, activation, report, "Add")
         if producer is None:
             continue
-        if constants[0].value.dtype != producer.inputs[1].value.dtype:
+        if constant.value.dtype != producer.inputs[1].value.dtype:
             report.skipped["Add of another dtype"] += 1
             continue
-        addend = _per_channel(producer, constants[0].value)
+        addend = _per_channel(producer, constant.value)
         if addend is None:
             report.skipped[f"Add after {producer.type} that is not a per-channel bias"] += 1
             continue
@@ -209,8 +258,29 @@ def fold_bias_add(graph: Graph) -> FormatReport:
             producer = _matmul_to_gemm(graph, producer)
             report.counts["MatMul turned into Gemm"] += 1
         _add_bias(graph, producer, addend)
-        _remove_follower(graph, add, activations[0])
+        _remove_follower(graph, add, activation)
         report.counts[f"Add folded into the bias of {producer.type}"] += 1
     dead = remove_dead_code(graph)
     report.counts.update(dead.counts)
     return finish_report(graph, report)
+
+
+#: the folds in the order :func:`fold_followers` runs them
+FOLLOWER_FOLDS = (fold_batchnorm, fold_scale_mul, fold_bias_add)
+
+
+def fold_followers(graph: Graph, folds: Sequence[Callable[[Graph], FormatReport]] = FOLLOWER_FOLDS,
+                   rounds: int = 4) -> FormatReport:
+    """Run ``folds`` in order, again while a round folds something, at most ``rounds`` times: a fold can make
+    the next one possible (PP-OCRv4's ConvTranspose -> bias Add -> BatchNormalization: the Add folds first,
+    then the BatchNormalization is right after the ConvTranspose).  Counts add up over the rounds; the
+    skipped counts are the last round's."""
+    report, counts, last = start_report(graph), Counter(), FormatReport()
+    for _ in range(rounds):
+        last = FormatReport()
+        for fold in folds:
+            last = last.merge(fold(graph))
+        counts += last.counts
+        if not any(value for key, value in last.counts.items() if "folded" in key):
+            break
+    return finish_report(graph, FormatReport(counts, last.skipped, last.notes, report.ops_before))

@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 from ..core.ir import Graph, Operation
 from ..core.op_facts import PASS_THROUGH_TYPES
 from .files import MAX_IR_VERSION
-from .fold import fold_batchnorm, fold_bias_add
+from .fold import fold_batchnorm, fold_bias_add, fold_followers, fold_scale_mul
 from .fold_loop import fold_loop_invariants
 from .fold_pad import fold_pad_into_conv
 from .format_report import FormatReport, finish_report, remove_dead_code, start_report
@@ -183,15 +183,15 @@ def format_graph(graph: Graph, input_shapes: Mapping[str, Sequence[int]] | None 
     """Run every formatting step in order and return the combined report.
 
     Identity removal, constant folding (with ``input_shapes``, see
-    :func:`fold_constants`), loop-invariant constants into Loop bodies, BatchNormalization folding, bias-Add folding,
+    :func:`fold_constants`), loop-invariant constants into Loop bodies, BatchNormalization folding, scale-Mul and
+    bias-Add folding,
     zero-Pad folding into Conv pads, then constant folding again if some op
     reads only constants.
     """
     report = remove_identity(graph)
     report = report.merge(fold_constants(graph, input_shapes))
     report = report.merge(fold_loop_invariants(graph))
-    report = report.merge(fold_batchnorm(graph))
-    report = report.merge(fold_bias_add(graph))
+    report = report.merge(fold_followers(graph))
     report = report.merge(fold_pad_into_conv(graph))
     if has_foldable_ops(graph):
         report = report.merge(fold_constants(graph))
@@ -199,5 +199,5 @@ def format_graph(graph: Graph, input_shapes: Mapping[str, Sequence[int]] | None 
     return report
 
 
-__all__ = ["FormatReport", "fold_batchnorm", "fold_bias_add", "fold_loop_invariants", "fold_pad_into_conv", "fold_constants", "format_graph",
+__all__ = ["FormatReport", "fold_batchnorm", "fold_bias_add", "fold_scale_mul", "fold_followers", "fold_loop_invariants", "fold_pad_into_conv", "fold_constants", "format_graph",
            "has_foldable_ops", "remove_dead_code", "remove_identity", "RANDOM_OPS", "UNFOLDABLE_OPS"]

@@ -365,10 +365,11 @@ def format_for_quantization(graph: Graph, setting: QuantizationSetting) -> dict:
         reports["fold_constants"] = graph_format.fold_constants(graph)
         if any(op.type == "Loop" for op in graph.operations.values()):
             reports["fold_loop_invariants"] = graph_format.fold_loop_invariants(graph)
-    if setting.fold_batchnorm:
-        reports["fold_batchnorm"] = graph_format.fold_batchnorm(graph)
-    if setting.fold_bias_add:
-        reports["fold_bias_add"] = graph_format.fold_bias_add(graph)
+    folds = [fold for fold, wanted in ((graph_format.fold_batchnorm, setting.fold_batchnorm),
+                                       (graph_format.fold_scale_mul, setting.fold_scale_mul),
+                                       (graph_format.fold_bias_add, setting.fold_bias_add)) if wanted]
+    if folds:
+        reports["fold_followers"] = graph_format.fold_followers(graph, folds)
     if setting.fold_pad:
         reports["fold_pad_into_conv"] = graph_format.fold_pad_into_conv(graph)
     return reports

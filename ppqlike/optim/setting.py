@@ -82,7 +82,8 @@ class QuantizationSetting(PPQSettingViews):
     fill (None: the recipe's own): learned rounding stops at 60% of it (layers not yet done keep nearest
     rounding), the range search at 85%, bias correction at 100%; see ppqlike.optim.recipe.build_pipeline.
     Formatting: ``fold_constants``, ``fold_batchnorm``, ``remove_identity``,
-    ``fold_bias_add``, ``fold_pad`` (zero Pads into Conv pads).  Dispatch:
+    ``fold_scale_mul`` (a constant per-channel Mul into the weights before it), ``fold_bias_add``, ``fold_pad``
+    (zero Pads into Conv pads).  Dispatch:
     ``dispatcher`` and ``dispatching_table`` (op name -> 'TARGET' | 'FP32').  Passes: ``fusion``, ``simplify``,
     ``activation_observer`` (None: the platform's default), ``terminal_observer`` (the observer of
     tensors no quantized op reads: graph outputs and what only float ops read; None: the activation
@@ -149,6 +150,7 @@ class QuantizationSetting(PPQSettingViews):
     fold_batchnorm: bool = True
     remove_identity: bool = True
     fold_bias_add: bool = True
+    fold_scale_mul: bool = True
     fold_pad: bool = True
     dispatcher: str = "conservative"
     dispatching_table: dict = field(default_factory=DispatchingTable)
