@@ -214,15 +214,16 @@ def test_qlinear_mul_matches_onnxruntime(seed, scalar, ratio):
 @pytest.mark.parametrize("batch", [32, 1024])
 def test_mul_of_a_layer_scale_runs_bit_for_bit(batch, tmp_path, monkeypatch):
     """A transformer-style layer scale (Mul by a constant per-channel vector, and by a scalar) between two
-    MatMuls: onnxruntime fuses QLinearMul, the simulation computes it (on a large batch from a table of
-    its results on every pair of codes, ``_pair_lookup``)."""
+    MatMuls, after an activation (right after the MatMul it would fold into its weights): onnxruntime fuses
+    QLinearMul, the simulation computes it (on a large batch from a table of its results on every pair of
+    codes, ``_pair_lookup``)."""
     from ppqlike.executor import onnxruntime_elementwise
     looked_up = _recorded(monkeypatch, "_pair_lookup", onnxruntime_elementwise)
     rng = np.random.default_rng(5)
     initializers = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
                     for name, shape in (("w1", (16, 16)), ("gamma", (16,)), ("w2", (16, 8)))]
     initializers.append(numpy_helper.from_array(np.array(0.5, np.float32), "half"))
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m"], name="fc1"), helper.make_node("Tanh", ["m"], ["h"]),
              helper.make_node("Mul", ["gamma", "h"], ["s"], name="layer_scale"),   # the small operand first
              helper.make_node("Mul", ["s", "half"], ["t"], name="half_scale"),
              helper.make_node("MatMul", ["t", "w2"], ["y"], name="fc2")]
