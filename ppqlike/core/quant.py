@@ -21,7 +21,7 @@ Leaving the governed states (and DEQUANTIZED) drops the masters.
 from __future__ import annotations
 
 import copy as _copy
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from ppqlike.core.errors import QuantizationStateError
 from ppqlike.core.float_configs import checked_float_format, float_call, float_fake_quantizer
 from ppqlike.core.quant_grid import QuantGridBase, default_quant_range, readonly
 from ppqlike.core.quant_policy import QuantizationPolicy, QuantizationProperty
+from ppqlike.core.quant_record import ConfigRecord
 from ppqlike.core.quant_states import (
     DEQUANTIZABLE_STATES, GOVERNED_STATES, STATE_TRANSITIONS, QuantizationStates,
     can_transition, is_applied, is_baked, is_dequantizable, is_governed,
@@ -51,7 +52,7 @@ _ONE_MASTER = (S.OVERLAPPED, S.SLAVE)
 _FROZEN = (S.BAKED, S.PASSIVE_BAKED, S.SOI, S.DEQUANTIZED)  # own scale/offset may not change
 
 
-class TensorQuantizationConfig(QuantGridBase, Revised):
+class TensorQuantizationConfig(QuantGridBase, Revised, ConfigRecord):
     """How one input or output of one operation is quantized, and in which state.
 
     ``state`` changes go through :data:`STATE_TRANSITIONS`; an illegal change
@@ -374,65 +375,3 @@ class TensorQuantizationConfig(QuantGridBase, Revised):
         new = _copy.copy(self)
         new.detail = _copy.deepcopy(self.detail)
         return new
-
-    def to_dict(self) -> dict:
-        """JSON-ready dict of the values in use (scale/offset: number, or list per channel)."""
-        scale, offset = self._resolve()
-        return {
-            "name": self.name, "state": self._state.name,
-            "dequantized_from": None if self._dequantized_from is None else self._dequantized_from.name,
-            "policy": self.policy.to_dict()["properties"], "rounding": self._rounding.name,
-            "num_of_bits": self.num_of_bits, "quant_min": self.quant_min, "quant_max": self.quant_max,
-            "channel_axis": self.channel_axis, "observer_algorithm": self.observer_algorithm,
-            "scale": _to_json(scale, float), "offset": _to_json(offset, int),
-            "masters": [m.name for m in self._masters], "detail": _copy.deepcopy(self.detail),
-            "requantization": None if self.requantization is None else self.requantization.to_dict(),
-            "runtime_kernel": self.runtime_kernel,
-            **({} if self.float_format is None else {"float_format": self.float_format.name}),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict, lookup: Callable[[str], "TensorQuantizationConfig"] | None = None
-                  ) -> "TensorQuantizationConfig":
-        """Rebuild from :meth:`to_dict`.  The exported values become its own;
-        with ``lookup`` (master name -> config) the master links are restored too."""
-        cfg = cls(QuantizationPolicy.from_dict(data["policy"]), data.get("rounding", "ROUND_HALF_EVEN"),
-                  data["num_of_bits"], data["quant_min"], data["quant_max"],
-                  observer_algorithm=data.get("observer_algorithm", "minmax"),
-                  channel_axis=data.get("channel_axis"), name=data.get("name", ""), detail=data.get("detail"),
-                  float_format=data.get("float_format"))
-        cfg.requantization = IntegerRequantization.from_dict(data.get("requantization"))
-        cfg.runtime_kernel = data.get("runtime_kernel")
-        if data.get("scale") is not None:
-            cfg._store(data["scale"], data.get("offset") or 0)
-        cfg._state = QuantizationStates(data["state"])
-        prev = data.get("dequantized_from")
-        cfg._dequantized_from = None if prev is None else QuantizationStates(prev)
-        names = data.get("masters") or []
-        if lookup is not None and names:
-            masters = tuple(lookup(n) for n in names)
-            for m in masters:
-                if m is cfg or m._reaches(cfg):
-                    raise QuantizationStateError(f"{cfg._who()}: master {m._who()} would close a cycle")
-            cfg._masters = masters
-        return cfg
-
-    def __repr__(self) -> str:
-        scale, offset = self._resolve()
-        if scale is None:
-            params = "no scale"
-        elif scale.ndim == 0:
-            params = f"scale={float(scale):.6g} offset={int(offset)}"
-        else:
-            params = f"{scale.size} channels on axis {self.channel_axis}"
-        under = f" under {self._masters[0].name!r}" if self._masters else ""
-        fmt = self.float_format
-        width = f"{fmt.name}" if fmt is not None else f"{self.num_of_bits}b"
-        return (f"TQC({self.name!r} {self._state.name}{under} {width}"
-                f"[{self.quant_min},{self.quant_max}] {params})")
-
-
-def _to_json(value, kind):
-    if value is None:
-        return None
-    return kind(value) if value.ndim == 0 else [kind(v) for v in value.tolist()]
