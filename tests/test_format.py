@@ -385,6 +385,15 @@ def test_fold_add_into_2d_matmul_makes_a_gemm():
     assert _types(graph) == {"Gemm": 1}
 
 
+def test_scalar_after_a_matmul_of_a_batched_weight_stays():
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "one"], ["a"]),
+             helper.make_node("Mul", ["a", "one"], ["y"])]
+    model = make_model(nodes, [_info("x", [2, 3, 5])], [_info("y", [2, 3, 4])],
+                       [_init("w", _normal(2, 5, 4)), _init("one", np.float32(1.5))])
+    graph, _ = _apply(model, fold_followers, {"x": _normal(2, 3, 5)})
+    assert _types(graph) == {"MatMul": 1, "Add": 1, "Mul": 1}
+
+
 def test_add_of_two_activations_or_shared_output_stays():
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"]),
              helper.make_node("Conv", ["x", "w"], ["d"]), helper.make_node("Add", ["d", "addend"], ["z"]),

@@ -172,7 +172,7 @@ def _per_channel(producer: Operation, constant: np.ndarray) -> np.ndarray | None
     """``constant`` as a per-output-channel vector when adding it to the producer's output is a bias add."""
     channels = _channels(producer)
     rank = producer.inputs[1].value.ndim if producer.type in ("Conv", "ConvTranspose") else 2
-    if constant.ndim > rank:
+    if constant.ndim > rank or channels <= 0:   # (a MatMul of a weight that is not 2-D: no channels to fold into)
         return None
     aligned = (1,) * (rank - constant.ndim) + constant.shape  # numpy broadcasting aligns on the right
     if any(d != 1 for i, d in enumerate(aligned) if i != 1) or aligned[1] not in (1, channels):
@@ -212,7 +212,7 @@ def fold_scale_mul(graph: Graph) -> FormatReport:
         if constant.value.dtype != producer.inputs[1].value.dtype:
             report.skipped["Mul of another dtype"] += 1
             continue
-        scale = _per_channel(producer, constant.value) if _channels(producer) > 0 else None
+        scale = _per_channel(producer, constant.value)
         if scale is None or not np.isfinite(scale).all():
             report.skipped[f"Mul after {producer.type} that is not a finite per-channel scale"] += 1
             continue
