@@ -9,10 +9,10 @@ is copied, never changed under that op), removes the folded op, and turns a
 
 from __future__ import annotations
 
-import numpy as np
-
 from collections import Counter
 from typing import Callable, Sequence
+
+import numpy as np
 
 from ..core.ir import Graph, Operation, Variable
 from ..core.op_facts import COMPUTING_TYPES
