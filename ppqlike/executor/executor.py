@@ -43,9 +43,9 @@ from .requantizing_kernels import run_requantizing_kernel, wants_integer_kernel
 from .ops import Kernel, build_kernel
 from .ops._threads import computing_threads
 from .ops.control_flow import RUNNING
-from .hooks import OperationHook, running as _running
+from .hooks import OperationHook, after_hooks, running as _running
 from .ops.tensor import zero_spatial_pads
-from .plan import Plan, Step, build_plan, release_values
+from .plan import Plan, Step, build_plan, release_values, store_results
 from .simulation import (argument_grids, fresh_results, keeps_grid, passes_through, quantize_inputs,
                          quantize_outputs)
 
@@ -175,7 +175,7 @@ class NumpyExecutor:
             summed = None if hooks or runtime or operation.type != "Add" else \
                 quantized_sum(operation, arguments, step.inputs, grids)
             if summed is not None:   # a residual Add, its quantizations inside, block by block
-                self._store(step.outputs, [summed[0]], summed[1], values, grids)
+                store_results(step.outputs, [summed[0]], summed[1], values, grids)
                 release_values(step, values)
                 continue
             extra_pads = deferred_pads.get(step.inputs[0]) if deferred_pads and step.inputs else None
@@ -204,7 +204,7 @@ class NumpyExecutor:
             if inside is not None:   # clipped and quantized block by block in the kernel
                 if fuses:
                     fused_into[partner] = True
-                self._store(plan.steps[partner].outputs if fuses else step.outputs, results, inside[0], values, grids)
+                store_results(plan.steps[partner].outputs if fuses else step.outputs, results, inside[0], values, grids)
                 if partner is not None and not fuses \
                         and self._activate_on_grid(plan.steps[partner], step, results, values, grids):
                     fused_into[partner] = True
@@ -220,7 +220,7 @@ class NumpyExecutor:
                 results = activate_in_place(activation.operation, activation.outputs, results[0], bounds, grids,
                                             lies_on, clipped=clip is not None, on_edges=on_edges)
                 fused_into[partner] = True   # (the hooks let it fuse: they read the activation's outputs at most)
-                results = self._after_hooks(hooks, activation.operation, [], results, activation.outputs, grids)
+                results = after_hooks(hooks, activation.operation, [], results, activation.outputs, grids)
                 for name, value in zip(activation.outputs, results):
                     values[name] = value
                 release_values(step, values)
@@ -233,7 +233,7 @@ class NumpyExecutor:
                 fused_into[partner] = True   # the quantized result, which the activation clips to grid edges
                 release_values(step, values)
                 continue
-            results = self._after_hooks(hooks, operation, arguments, results, step.outputs, grids)
+            results = after_hooks(hooks, operation, arguments, results, step.outputs, grids)
             for name, value in zip(step.outputs, results):
                 values[name] = value
             release_values(step, values)
@@ -308,18 +308,6 @@ class NumpyExecutor:
             clip = clip_epilogue(bounds)
         return fuses, bounds, clip, edges, inside
 
-    @staticmethod
-    def _after_hooks(hooks, operation: Operation, arguments: list, results: list, names, grids: dict) -> list:
-        """``results`` of ``operation`` (its outputs ``names``) as its hooks' ``after_operation`` leave them; a
-        replaced value may lie anywhere, so the grids of those outputs are forgotten."""
-        for hook in hooks:
-            replaced = hook.after_operation(operation, arguments, results)
-            if replaced is not None:
-                results = list(replaced)
-                for name in names:
-                    grids.pop(name, None)
-        return results
-
     def _activate_on_grid(self, activation: Step, step: Step, results: list, values: dict, grids: dict) -> bool:
         """Run ``activation``, the Relu/Clip that alone reads ``step``'s quantized result, in place on it by
         ``fusion.activate_on_grid``; False (nothing done) when that does not apply."""
@@ -330,18 +318,8 @@ class NumpyExecutor:
                                      bounds, grids)
         if activated is None:
             return False
-        self._store(activation.outputs, activated, grids.get(activation.outputs[0]), values, grids)
+        store_results(activation.outputs, activated, grids.get(activation.outputs[0]), values, grids)
         return True
-
-    @staticmethod
-    def _store(names: tuple, results: list, key: tuple | None, values: dict, grids: dict) -> None:
-        """Results under their names, recorded on grid ``key`` (None: on none)."""
-        for name, value in zip(names, results):
-            values[name] = value
-            if key is None:
-                grids.pop(name, None)
-            else:
-                grids[name] = key
 
     def _argument(self, name: str | None, values: dict):
         """The value of a step's input ``name`` (None for an omitted one); ``Codes`` turned into values."""

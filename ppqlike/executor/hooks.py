@@ -48,3 +48,15 @@ def running(executor, hooks: Sequence[OperationHook]):
         yield
     finally:
         RUNNING.reset(token)
+
+
+def after_hooks(hooks, operation: Operation, arguments: list, results: list, names, grids: dict) -> list:
+    """``results`` of ``operation`` (its outputs ``names``) as its hooks' ``after_operation`` leave them; a
+    replaced value may lie anywhere, so the grids of those outputs are forgotten."""
+    for hook in hooks:
+        replaced = hook.after_operation(operation, arguments, results)
+        if replaced is not None:
+            results = list(replaced)
+            for name in names:
+                grids.pop(name, None)
+    return results

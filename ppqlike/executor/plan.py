@@ -1,7 +1,8 @@
 """The NumpyExecutor's execution plan: which ops run in what order, when each value is freed, and
 what runs merged (fusions, folded Pads, expansion chains and their projections: ``fusion``).
 
-Built once per graph revision and set of requested outputs; reads the graph, writes nothing.
+Built once per graph revision and set of requested outputs; reads the graph, writes nothing.  A forward
+stores each step's results (``store_results``) and frees what no later step reads (``release_values``).
 """
 
 from __future__ import annotations
@@ -90,3 +91,13 @@ def release_values(step: Step, values: dict) -> None:
     """Drop the values whose last reader is ``step``."""
     for name in step.release:
         values.pop(name, None)
+
+
+def store_results(names: tuple, results: list, key: tuple | None, values: dict, grids: dict) -> None:
+    """Results under their names, recorded on grid ``key`` (None: on none)."""
+    for name, value in zip(names, results):
+        values[name] = value
+        if key is None:
+            grids.pop(name, None)
+        else:
+            grids[name] = key
