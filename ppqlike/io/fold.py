@@ -191,6 +191,24 @@ def _constant_operand(operation: Operation) -> tuple[Variable, Variable] | None:
     return constants[0], activations[0]
 
 
+def _channel_follower(graph: Graph, operation: Operation, op_type: str, report: FormatReport
+                      ) -> tuple[Variable, Operation, np.ndarray | None] | None:
+    """For an ``op_type`` op of a computed tensor and a constant of the producer's dtype: (the tensor, the
+    Conv/ConvTranspose/Gemm/MatMul writing it, the constant per output channel or None where it is not), when
+    that producer can take the op in (:func:`_fusable_producer`); else None, the reason counted in ``report``."""
+    operands = _constant_operand(operation) if operation.type == op_type else None
+    if operands is None:
+        return None
+    constant, activation = operands
+    producer = _fusable_producer(graph, activation, report, op_type)
+    if producer is None:
+        return None
+    if constant.value.dtype != producer.inputs[1].value.dtype:
+        report.skipped[f"{op_type} of another dtype"] += 1
+        return None
+    return activation, producer, _per_channel(producer, constant.value)
+
+
 def fold_scale_mul(graph: Graph) -> FormatReport:
     """Fold ``Mul(op output, constant)`` into the op's weight (and bias) when the constant is per output channel.
 
@@ -202,17 +220,10 @@ def fold_scale_mul(graph: Graph) -> FormatReport:
     """
     report = start_report(graph)
     for mul in graph.topological_sort():
-        operands = _constant_operand(mul) if mul.type == "Mul" else None
-        if operands is None:
+        follower = _channel_follower(graph, mul, "Mul", report)
+        if follower is None:
             continue
-        constant, activation = operands
-        producer = _fusable_producer(graph, activation, report, "Mul")
-        if producer is None:
-            continue
-        if constant.value.dtype != producer.inputs[1].value.dtype:
-            report.skipped["Mul of another dtype"] += 1
-            continue
-        scale = _per_channel(producer, constant.value)
+        activation, producer, scale = follower
         if scale is None or not np.isfinite(scale).all():
             report.skipped[f"Mul after {producer.type} that is not a finite per-channel scale"] += 1
             continue
@@ -236,17 +247,10 @@ def fold_bias_add(graph: Graph) -> FormatReport:
     """
     report, shapes = start_report(graph), None
     for add in graph.topological_sort():
-        operands = _constant_operand(add) if add.type == "Add" else None
-        if operands is None:
+        follower = _channel_follower(graph, add, "Add", report)
+        if follower is None:
             continue
-        constant, activation = operands
-        producer = _fusable_producer(graph, activation, report, "Add")
-        if producer is None:
-            continue
-        if constant.value.dtype != producer.inputs[1].value.dtype:
-            report.skipped["Add of another dtype"] += 1
-            continue
-        addend = _per_channel(producer, constant.value)
+        activation, producer, addend = follower
         if addend is None:
             report.skipped[f"Add after {producer.type} that is not a per-channel bias"] += 1
             continue
