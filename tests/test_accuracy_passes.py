@@ -586,6 +586,28 @@ def test_adaround_stops_inside_a_layer_at_the_deadline_and_keeps_a_rounding_no_w
     assert finished["steps_done"] == 300 and finished["learned_loss"] < finished["nearest_loss"]
 
 
+def test_learned_rounding_keeps_weights_that_lie_on_their_grid_without_iterating():
+    import warnings
+    from ppqlike.optim.passes.adaround import learn_rounding
+    from ppqlike.optim.passes.adaround_rows import LayerStatistics, RowHook
+    batches = smooth_data(4)
+    graph, executor = calibrated_w4a8_chain(batches)
+    conv1 = graph.operations["conv1"]
+    config = conv1.config.input_quantization_config[1]
+    on_grid = config.fake_quantize(conv1.inputs[1].value)
+    conv1.inputs[1].value = on_grid                      # nearest rounding is exact: its loss is 0 up to float error
+    stat = LayerStatistics(conv1)
+    hook = RowHook({"conv1": stat}, 128, seed=0)
+    for batch in batches:
+        executor.forward(batch, hooks=[hook])
+    stat.finish()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                   # dividing by that loss overflowed Adam's moments
+        learned, facts = learn_rounding(stat, conv1, config, steps=300)
+    assert facts["steps_done"] == 0 and facts["changed"] == 0.0
+    np.testing.assert_array_equal(learned.reshape(on_grid.shape), on_grid)
+
+
 # --------------------------------------------------------- threshold search
 def test_threshold_search_picks_the_candidate_with_the_smallest_reader_error():
     graph, policy = prepared(chain_model("relu"), "TPU_INT8", QuantizationSetting(activation_observer="search"))

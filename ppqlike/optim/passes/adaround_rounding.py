@@ -27,6 +27,10 @@ from ...core.quant_graph import input_config
 from .adaround_rows import LayerStatistics, as_groups, broadcast, from_groups
 
 ZETA, GAMMA = 1.1, -0.1
+#: a nearest rounding whose loss is at most this fraction of the layer's output energy is exact (the weights lie
+#: on the grid to float precision): dividing by that loss overflowed Adam's second moment (MobileNetV2's first
+#: conv with 8-bit weights), so the layer keeps it without iterations
+EXACT = 1e-12
 
 
 # ---------------------------------------------------------------- rounding
@@ -124,8 +128,14 @@ def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQu
     rounder = _Rounder(operation, config)
     nearest = nearest_rounding(operation, config)
     nearest_loss = stat.loss(nearest)
+    energy = max(stat.energy, 1e-30)
+    if nearest_loss * stat.rows <= EXACT * energy:   # the weights lie on the grid: nothing to learn
+        return nearest, {"nearest_loss": nearest_loss, "learned_loss": nearest_loss,
+                         "relative_nearest": nearest_loss * stat.rows / energy,
+                         "relative_learned": nearest_loss * stat.rows / energy, "changed": 0.0, "undecided": 0.0,
+                         "rows": stat.rows, "steps_done": 0}
     # the reconstruction term is divided by the nearest-rounding loss so that lam means the same in every layer
-    norm = 1.0 / max(nearest_loss, 1e-30)
+    norm = 1.0 / nearest_loss
     m = np.zeros_like(rounder.v)
     v2 = np.zeros_like(rounder.v)
     b1, b2, eps = 0.9, 0.999, 1e-8
@@ -151,7 +161,6 @@ def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQu
     learned, _ = rounder.weight(rounder.hard())
     learned_loss = stat.loss(learned)
     h, _, _ = rounder.soft()
-    energy = max(stat.energy, 1e-30)
     facts = {"nearest_loss": nearest_loss, "learned_loss": learned_loss,
              "relative_nearest": nearest_loss * stat.rows / energy,
              "relative_learned": learned_loss * stat.rows / energy,
