@@ -14,7 +14,8 @@ the values their bodies read from the enclosing scope after their ONNX inputs
 The :class:`Graph` keeps producer/consumer links consistent through its
 editing API; code outside this module should edit graphs only through it.
 Graph algorithms (topological order, reachability, pattern search) come from
-networkx, through :class:`ppqlike.core.graph_algorithms.GraphAlgorithms`.
+networkx, through :class:`ppqlike.core.graph_algorithms.GraphAlgorithms`; renaming from
+:class:`~ppqlike.core.graph_renames.GraphRenames`, pickling from :class:`~ppqlike.core.graph_tables.GraphTables`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import numpy as np
 
 from .errors import GraphError
 from .graph_algorithms import GraphAlgorithms
+from .graph_renames import GraphRenames
+from .graph_tables import GraphTables
 from .graph_links import check_links
 from .subgraphs import explicit_input_count, has_bodies, rebind_implicit_input
 
@@ -124,7 +127,7 @@ class VariableList(list):
         return super().__getitem__(key)
 
 
-class Graph(GraphAlgorithms):
+class Graph(GraphAlgorithms, GraphRenames, GraphTables):
     """A dataflow graph of operations and variables, with a consistent editing API.
 
     ``inputs`` and ``outputs`` are the graph's inputs and outputs in order;
@@ -352,34 +355,6 @@ class Graph(GraphAlgorithms):
             self.outputs = [output if v is variable else v for v in self.outputs]
         return operation
 
-    def rename_variable(self, variable: Variable, new_name: str) -> None:
-        """Give ``variable`` a new, unused name."""
-        self.revision += 1
-        self._own_variable(variable)
-        if new_name == variable.name:
-            return
-        if new_name in self.variables:
-            raise GraphError(f"cannot rename {variable.name!r} to {new_name!r}: the name is taken")
-        old_name = variable.name
-        del self.variables[variable.name]
-        variable.name = new_name
-        self.variables[new_name] = variable
-        for operation in dict.fromkeys(variable.consumers):
-            if operation.attributes and has_bodies(operation):  # a body reads it by name: follow
-                rebind_implicit_input(operation, old_name, new_name)
-
-    def rename_operation(self, operation: Operation, new_name: str) -> None:
-        """Give ``operation`` a new, unused name."""
-        self.revision += 1
-        self._own_operation(operation)
-        if new_name == operation.name:
-            return
-        if new_name in self.operations:
-            raise GraphError(f"cannot rename {operation.name!r} to {new_name!r}: the name is taken")
-        del self.operations[operation.name]
-        operation.name = new_name
-        self.operations[new_name] = operation
-
     # ---------------------------------------------------------- checking --
     def check(self) -> None:
         """Raise GraphError if any producer/consumer link is inconsistent (:func:`check_links`)."""
@@ -391,15 +366,6 @@ class Graph(GraphAlgorithms):
     def __repr__(self) -> str:
         return f"<Graph {self.name}: {len(self.operations)} ops, {len(self.variables)} variables>"
 
-    def __reduce__(self):
-        """Pickle as flat tables (the linked graph nests too deeply for pickle's recursion); configs and
-        platforms travel as they are, shared config objects stay shared."""
-        variables = [(v.name, v.value, v.shape, v.dtype) for v in self.variables.values()]
-        operations = [(op.name, op.type, op.attributes, op.domain, [None if v is None else v.name for v in op.inputs],
-                       [v.name for v in op.outputs], op.platform, op.config) for op in self.operations.values()]
-        return (_graph_from_tables, (self.name, self.opset, self.metadata, self.revision, variables, operations,
-                                     [v.name for v in self.inputs], [v.name for v in self.outputs]))
-
     # ----------------------------------------------------------- helpers --
     def _own_operation(self, operation: Operation) -> None:
         if self.operations.get(operation.name) is not operation:
@@ -409,19 +375,3 @@ class Graph(GraphAlgorithms):
         if self.variables.get(variable.name) is not variable:
             raise GraphError(f"variable {variable.name!r} is not part of graph {self.name!r}")
 
-
-def _graph_from_tables(name, opset, metadata, revision, variables, operations, inputs, outputs) -> Graph:
-    """The graph :meth:`Graph.__reduce__` flattened."""
-    graph = Graph(name, opset)
-    graph.metadata = metadata
-    for variable_name, value, shape, dtype in variables:
-        graph.create_variable(variable_name, value=value, shape=shape, dtype=dtype)
-    table = graph.variables
-    for op_name, op_type, attributes, domain, reads, writes, platform, config in operations:
-        operation = graph.create_operation(op_type, [None if n is None else table[n] for n in reads],
-                                           [table[n] for n in writes], attributes, op_name, domain)
-        operation.platform, operation.config = platform, config
-    graph.inputs = [table[n] for n in inputs]
-    graph.outputs = [table[n] for n in outputs]
-    graph.revision = revision
-    return graph
