@@ -128,12 +128,8 @@ def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQu
     rounder = _Rounder(operation, config)
     nearest = nearest_rounding(operation, config)
     nearest_loss = stat.loss(nearest)
-    energy = max(stat.energy, 1e-30)
-    if nearest_loss * stat.rows <= EXACT * energy:   # the weights lie on the grid: nothing to learn
-        return nearest, {"nearest_loss": nearest_loss, "learned_loss": nearest_loss,
-                         "relative_nearest": nearest_loss * stat.rows / energy,
-                         "relative_learned": nearest_loss * stat.rows / energy, "changed": 0.0, "undecided": 0.0,
-                         "rows": stat.rows, "steps_done": 0}
+    if nearest_loss * stat.rows <= EXACT * max(stat.energy, 1e-30):   # the weights lie on the grid
+        return nearest, _facts(stat, nearest_loss, nearest_loss, changed=0.0, undecided=0.0, steps_done=0)
     # the reconstruction term is divided by the nearest-rounding loss so that lam means the same in every layer
     norm = 1.0 / nearest_loss
     m = np.zeros_like(rounder.v)
@@ -161,12 +157,18 @@ def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQu
     learned, _ = rounder.weight(rounder.hard())
     learned_loss = stat.loss(learned)
     h, _, _ = rounder.soft()
-    facts = {"nearest_loss": nearest_loss, "learned_loss": learned_loss,
-             "relative_nearest": nearest_loss * stat.rows / energy,
-             "relative_learned": learned_loss * stat.rows / energy,
-             "changed": float(np.mean(learned != nearest)),
-             "undecided": float(np.mean((h > 0.01) & (h < 0.99))), "rows": stat.rows, "steps_done": done}
-    return learned, facts
+    return learned, _facts(stat, nearest_loss, learned_loss, changed=float(np.mean(learned != nearest)),
+                           undecided=float(np.mean((h > 0.01) & (h < 0.99))), steps_done=done)
+
+
+def _facts(stat, nearest_loss: float, learned_loss: float, changed: float, undecided: float,
+           steps_done: int) -> dict:
+    """What :func:`learn_rounding` reports of one layer (losses also relative to its output energy)."""
+    energy = max(stat.energy, 1e-30)
+    return {"nearest_loss": nearest_loss, "learned_loss": learned_loss,
+            "relative_nearest": nearest_loss * stat.rows / energy,
+            "relative_learned": learned_loss * stat.rows / energy,
+            "changed": changed, "undecided": undecided, "rows": stat.rows, "steps_done": steps_done}
 
 
 # ---------------------------------------------------------------- one layer, here or on a worker
