@@ -6,8 +6,13 @@ consistent, and bumps ``graph.revision`` so executors recompile.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .errors import GraphError
 from .subgraphs import has_bodies, rebind_implicit_input
+
+if TYPE_CHECKING:
+    from .ir import Operation, Variable
 
 
 class GraphRenames:
@@ -17,26 +22,26 @@ class GraphRenames:
         """Give ``variable`` a new, unused name."""
         self.revision += 1
         self._own_variable(variable)
-        if new_name == variable.name:
-            return
-        if new_name in self.variables:
-            raise GraphError(f"cannot rename {variable.name!r} to {new_name!r}: the name is taken")
         old_name = variable.name
-        del self.variables[variable.name]
-        variable.name = new_name
-        self.variables[new_name] = variable
-        for operation in dict.fromkeys(variable.consumers):
-            if operation.attributes and has_bodies(operation):  # a body reads it by name: follow
-                rebind_implicit_input(operation, old_name, new_name)
+        if self._move_name(self.variables, variable, new_name):
+            for operation in dict.fromkeys(variable.consumers):
+                if operation.attributes and has_bodies(operation):  # a body reads it by name: follow
+                    rebind_implicit_input(operation, old_name, new_name)
 
     def rename_operation(self, operation: Operation, new_name: str) -> None:
         """Give ``operation`` a new, unused name."""
         self.revision += 1
         self._own_operation(operation)
-        if new_name == operation.name:
-            return
-        if new_name in self.operations:
-            raise GraphError(f"cannot rename {operation.name!r} to {new_name!r}: the name is taken")
-        del self.operations[operation.name]
-        operation.name = new_name
-        self.operations[new_name] = operation
+        self._move_name(self.operations, operation, new_name)
+
+    def _move_name(self, table: dict, item, new_name: str) -> bool:
+        """File ``item`` under ``new_name`` in ``table`` (the graph's variables or operations); False when that
+        is its name already; a name taken by another raises GraphError."""
+        if new_name == item.name:
+            return False
+        if new_name in table:
+            raise GraphError(f"cannot rename {item.name!r} to {new_name!r}: the name is taken")
+        del table[item.name]
+        item.name = new_name
+        table[new_name] = item
+        return True
