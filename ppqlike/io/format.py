@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 from ..core.ir import Graph, Operation
 from ..core.op_facts import PASS_THROUGH_TYPES
 from .files import MAX_IR_VERSION
-from .fold import fold_batchnorm, fold_bias_add, fold_followers, fold_scale_mul
+from .fold import FOLLOWER_FOLDS, fold_batchnorm, fold_bias_add, fold_followers, fold_scale_mul
 from .fold_loop import fold_loop_invariants
 from .fold_pad import fold_pad_into_conv
 from .format_report import FormatReport, finish_report, remove_dead_code, start_report
@@ -199,5 +199,5 @@ def format_graph(graph: Graph, input_shapes: Mapping[str, Sequence[int]] | None 
     return report
 
 
-__all__ = ["FormatReport", "fold_batchnorm", "fold_bias_add", "fold_scale_mul", "fold_followers", "fold_loop_invariants", "fold_pad_into_conv", "fold_constants", "format_graph",
+__all__ = ["FormatReport", "FOLLOWER_FOLDS", "fold_batchnorm", "fold_bias_add", "fold_scale_mul", "fold_followers", "fold_loop_invariants", "fold_pad_into_conv", "fold_constants", "format_graph",
            "has_foldable_ops", "remove_dead_code", "remove_identity", "RANDOM_OPS", "UNFOLDABLE_OPS"]

@@ -365,9 +365,9 @@ def format_for_quantization(graph: Graph, setting: QuantizationSetting) -> dict:
         reports["fold_constants"] = graph_format.fold_constants(graph)
         if any(op.type == "Loop" for op in graph.operations.values()):
             reports["fold_loop_invariants"] = graph_format.fold_loop_invariants(graph)
-    folds = [fold for fold, wanted in ((graph_format.fold_batchnorm, setting.fold_batchnorm),
-                                       (graph_format.fold_scale_mul, setting.fold_scale_mul),
-                                       (graph_format.fold_bias_add, setting.fold_bias_add)) if wanted]
+    wanted = {graph_format.fold_batchnorm: setting.fold_batchnorm,
+              graph_format.fold_scale_mul: setting.fold_scale_mul, graph_format.fold_bias_add: setting.fold_bias_add}
+    folds = [fold for fold in graph_format.FOLLOWER_FOLDS if wanted[fold]]   # in the order fold_followers has
     if folds:
         reports["fold_followers"] = graph_format.fold_followers(graph, folds)
     if setting.fold_pad:
