@@ -76,8 +76,14 @@ def test_ort_activations_uint8_and_bias_int32():
 def test_w4a8_weights_are_four_bit():
     graph, _ = quantized("ACADEMIC_W4A8")
     weight = graph.operations["conv1"].config.input_quantization_config[1]
-    assert weight.num_of_bits == 4 and (weight.quant_min, weight.quant_max) == (-7, 7)
-    assert len(np.unique(np.round(weight.baked_value / weight.scale[:, None, None, None]))) <= 15
+    assert weight.num_of_bits == 4 and (weight.quant_min, weight.quant_max) == (-8, 7)
+    assert not weight.policy.symmetric and weight.offset.shape == weight.scale.shape == (8,)   # a zero point per channel
+    codes = weight.baked_value / weight.scale[:, None, None, None] + weight.offset[:, None, None, None]
+    np.testing.assert_allclose(codes, np.round(codes), atol=1e-4)   # every weight on its channel's grid
+    assert codes.min() >= -8 - 1e-4 and codes.max() <= 7 + 1e-4
+    # min-max ranges: each channel's extremes reach the ends of its 16 levels
+    lowest, highest = np.round(codes).reshape(8, -1).min(axis=1), np.round(codes).reshape(8, -1).max(axis=1)
+    assert np.all((lowest == -8) | (highest == 7)) and np.all(highest - lowest >= 14), (lowest, highest)
 
 
 def test_tpu_requantization_is_integer_and_matches_the_formula():
