@@ -27,6 +27,7 @@ from .export.platform import export_for_platform
 from .io import load_onnx_graph
 from .io.import_quantized import import_quantized
 from .io.load import is_imported, load_graph as _load_graph
+from .optim.batch_merge import merge_small_batches
 from .optim.batch_range import BatchRange
 from .optim.recipe import (apply_recipe, build_pipeline, build_weight_only_pipeline, effective_setting,
                            writes_outputs_in_float,
@@ -159,13 +160,12 @@ def _measured_batches(held_aside, checked: _CheckedBatches) -> list:
     return [] if source is None else measured_batches(source, MEASURED_SAMPLES)
 
 
-def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
-    """(calibration batches, their count, held-aside batches or None): with an accuracy target, the last
-    ``mixed_precision_batches`` of the calibration data are held aside from calibration and the target is
-    measured on them; without one, when there are ``HOLD_ASIDE_FROM`` batches or more, the last ones that
-    hold ``MEASURED_SAMPLES`` samples, at most a quarter of them (the verdict and the protection pass measure
-    on them).  When the data's length is unknown or too short, nothing is held aside (those measures then run
-    on calibration batches, and their reports say so)."""
+def _held_count(batches, calib_steps: int | None, setting: QuantizationSetting) -> int:
+    """How many of the last calibration batches are held aside (0: none): with an accuracy target,
+    ``mixed_precision_batches`` of them, measured by the target; without one, when there are ``HOLD_ASIDE_FROM``
+    batches or more, the last ones that hold ``MEASURED_SAMPLES`` samples, at most a quarter of them (the verdict
+    and the protection pass measure on them).  None when the data's length is unknown or too short (those
+    measures then run on calibration batches, and their reports say so)."""
     held = setting.mixed_precision_batches if setting.accuracy_target is not None else 1
     try:
         available = len(batches)
@@ -173,11 +173,18 @@ def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting):
         available = None
     total = calib_steps if calib_steps is not None else available
     if total is None or (available is not None and total > available):   # unknown, or too few (calibration says)
-        return batches, calib_steps, None
+        return 0
     if total <= held or (setting.accuracy_target is None and total < HOLD_ASIDE_FROM):
+        return 0
+    return held if setting.accuracy_target is not None else _batches_for_measures(batches, total)
+
+
+def _hold_aside(batches, calib_steps: int | None, setting: QuantizationSetting, held: int):
+    """(calibration batches, their count, held-aside batches or None): the last ``held`` batches held aside
+    (:func:`_held_count`)."""
+    if not held:
         return batches, calib_steps, None
-    if setting.accuracy_target is None:
-        held = _batches_for_measures(batches, total)
+    total = calib_steps if calib_steps is not None else len(batches)
     held_aside = BatchRange(batches, total - held, total, keep=True)
     head = setting.bias_correction_samples if setting.bias_correction and setting.bias_correction_samples else 0
     return BatchRange(batches, 0, total - held, tail=held_aside, head_samples=head), total - held, held_aside
@@ -253,7 +260,12 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
         PlatformQuantizer(policy).quantize(graph)
     executor = NumpyExecutor(graph)
     batches = checked = _CheckedBatches(graph, calib_dataloader, collate_fn, input_shape, inputs)
-    batches, calib_steps, held_aside = _hold_aside(batches, calib_steps, setting)
+    held = _held_count(batches, calib_steps, setting)
+    merging = merge_small_batches(graph, executor, calib_dataloader, checked, calib_steps, held) if held else None
+    if merging is not None:   # single samples (or a few) run as batches: the same per-sample results, sooner
+        batches = checked = _CheckedBatches(graph, merging[0], None, None, None)
+        held = merging[1]["held_aside_merged_into"]
+    batches, calib_steps, held_aside = _hold_aside(batches, calib_steps, setting, held)
     if weight_only:
         pipeline = build_weight_only_pipeline(setting, platform, verbose)
     else:
@@ -272,6 +284,7 @@ def quantize_onnx_model(onnx_import_file, calib_dataloader: Iterable, calib_step
         "platform": platform.name, "setting": setting.to_dict(), "dispatch": summary,
         "effective_setting": effective_setting(setting, policy), "recipe": recipe,
         "formatting": {k: str(v) for k, v in formatting.items()},
+        "merged_batches": None if merging is None else merging[1],
         "passes": [{"name": r.name, "seconds": round(r.seconds, 4), "report": r.report} for r in records],
         "verdict": verdict,
         "seconds": round(time.perf_counter() - started, 3),

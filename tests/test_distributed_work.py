@@ -286,7 +286,8 @@ def test_a_worker_killed_mid_task_is_retried_and_gives_the_local_scales(ray_clus
     from test_accuracy_passes import chain_model, data
     monkeypatch.setattr(calibration, "observe_shards", _dies_once_observing)
     assert not os.path.exists(ray_cluster.marker)
-    results = _quantized_twice(chain_model(), data(4), "TPU_INT8", activation_observer="kl")
+    # (8 batches of 4: 2 held aside, 6 run as a batch of 8 and one of 16, one per worker)
+    results = _quantized_twice(chain_model(), data(8), "TPU_INT8", activation_observer="kl")
     assert os.path.exists(ray_cluster.marker)   # a worker died
     _assert_same_results(results, "calibration")
     assert _report(results["ray"][0], "calibration")["workers"] == 2

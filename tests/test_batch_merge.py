@@ -1,0 +1,124 @@
+"""Calibration data given a sample at a time runs as larger batches, only where a sample's results cannot change."""
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import ppqlike
+from ppqlike.api import quantize_onnx_model
+from ppqlike.executor import NumpyExecutor
+from ppqlike.optim.batch_merge import MERGED_SAMPLES, batch_axis_is_free, merge_small_batches
+from test_passes import small_model
+
+
+def _model(input_shape, reshape_to=None):
+    """x -> Conv -> Relu -> (Reshape to ``reshape_to`` | GlobalAveragePool -> Flatten) -> y."""
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu")]
+    inits = [weight]
+    if reshape_to is not None:
+        inits.append(numpy_helper.from_array(np.array(reshape_to, np.int64), "shape"))
+        nodes.append(helper.make_node("Reshape", ["r", "shape"], ["y"], name="reshape"))
+    else:
+        nodes += [helper.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
+                  helper.make_node("Flatten", ["g"], ["y"], name="flatten")]
+    graph = helper.make_graph(nodes, "merge", [helper.make_tensor_value_info("x", TensorProto.FLOAT, input_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _samples(count, shape=(3, 8, 8), per_batch=1, seed=0):
+    data = np.random.default_rng(seed).standard_normal((count, *shape)).astype(np.float32)
+    return [data[i:i + per_batch] for i in range(0, count, per_batch)]
+
+
+def _setting():
+    setting = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8")
+    setting.recipe, setting.activation_observer = "plain", "minmax"
+    return setting
+
+
+def _scales(graph):
+    return [(op.name, index, None if c.scale is None else np.asarray(c.scale).tolist(),
+             None if c.offset is None else np.asarray(c.offset).tolist())
+            for op in graph.operations.values() if op.config is not None
+            for index, c in enumerate(op.config.all_configs())]
+
+
+def test_single_samples_calibrate_as_the_same_samples_in_batches_of_sixteen():
+    singles = _samples(32)   # 8 of them held aside (16 samples or a quarter of the batches); 24 calibrate
+    merged = quantize_onnx_model(small_model(), singles, platform="ORT_INT8", setting=_setting())
+    batched = [np.concatenate(singles[0:8]), np.concatenate(singles[8:24])]   # two batches: none held aside
+    plain = quantize_onnx_model(small_model(), batched, platform="ORT_INT8", setting=_setting())
+    assert merged.metadata["quantization"]["merged_batches"] == {"batches": 24, "merged_into": 2,
+                                                                  "samples_per_batch": 16, "held_aside": 8,
+                                                                  "held_aside_merged_into": 1}
+    assert plain.metadata["quantization"]["merged_batches"] is None
+    assert _scales(merged) == _scales(plain)
+    assert merged.metadata["quantization"]["verdict"]["samples"] == 8   # measured on the 8 held aside
+
+
+def test_the_short_group_comes_first_and_the_held_aside_batches_are_merged_apart():
+    graph = ppqlike.load_onnx_graph(small_model())
+    singles = [{"x": batch} for batch in _samples(44)]
+    merged, facts = merge_small_batches(graph, NumpyExecutor(graph), singles, singles, None, 4)
+    assert [len(batch["x"]) for batch in merged] == [8, 16, 16, 4] and facts["merged_into"] == 3
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in merged]), np.concatenate([b["x"] for b in singles]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(count=st.integers(2, 70), per_batch=st.integers(1, 8))
+def test_merging_keeps_every_sample_in_order_and_fills_all_but_the_first_batch(count, per_batch):
+    graph = ppqlike.load_onnx_graph(small_model())
+    batches = [{"x": batch} for batch in _samples(count * per_batch, per_batch=per_batch, seed=count)]
+    held = count // 4
+    result = merge_small_batches(graph, NumpyExecutor(graph), batches, batches, None, held)
+    if 2 * per_batch > MERGED_SAMPLES or count - held < 2:
+        assert result is None
+        return
+    merged, facts = result
+    group = (MERGED_SAMPLES // per_batch) * per_batch
+    sizes = [len(batch["x"]) for batch in merged]
+    calibration, kept = sizes[:facts["merged_into"]], sizes[facts["merged_into"]:]
+    assert all(size == group for size in calibration[1:]) and 0 < calibration[0] <= group
+    assert all(size == group for size in kept[1:]) and (not held or 0 < kept[0] <= group)
+    assert sum(calibration) == (count - held) * per_batch and sum(kept) == held * per_batch
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in merged]),
+                                  np.concatenate([b["x"] for b in batches]))
+    assert facts == {"batches": count - held, "merged_into": len(calibration), "samples_per_batch": group,
+                     "held_aside": held, "held_aside_merged_into": len(kept)}
+
+
+def test_declared_batch_axis_decides():
+    assert batch_axis_is_free(ppqlike.load_onnx_graph(_model(["N", 3, 8, 8])))
+    assert not batch_axis_is_free(ppqlike.load_onnx_graph(_model([1, 3, 8, 8])))        # a fixed batch of 1
+    assert not batch_axis_is_free(ppqlike.load_onnx_graph(_model(["T", "B", 8, 8])))    # which axis is the batch?
+    assert not batch_axis_is_free(ppqlike.load_onnx_graph(_model(["N", 3, "H", "W"])))  # samples may differ
+
+
+def test_a_fixed_batch_or_a_reshape_that_mixes_samples_is_left_alone():
+    fixed = quantize_onnx_model(_model([1, 3, 8, 8]), _samples(8), platform="ORT_INT8", setting=_setting())
+    assert fixed.metadata["quantization"]["merged_batches"] is None
+    # declared a free batch axis, but its Reshape writes every sample into one row: merged, the outputs change
+    mixing = _model(["N", 3, 8, 8], reshape_to=[1, -1])
+    graph = quantize_onnx_model(mixing, _samples(8), platform="ORT_INT8", setting=_setting())
+    assert graph.metadata["quantization"]["merged_batches"] is None
+    per_sample = _model(["N", 3, 8, 8], reshape_to=[-1, 256])   # one row per sample: merged
+    graph = quantize_onnx_model(per_sample, _samples(8), platform="ORT_INT8", setting=_setting())
+    assert graph.metadata["quantization"]["merged_batches"]["merged_into"] == 1   # 6 calibrate, 2 held aside
+
+
+def test_data_that_is_not_an_even_in_memory_list_is_left_alone():
+    graph = ppqlike.load_onnx_graph(small_model())
+    executor = NumpyExecutor(graph)
+    singles = [{"x": batch} for batch in _samples(8)]
+    assert merge_small_batches(graph, executor, iter(singles), singles, None, 2) is None       # a generator
+    assert merge_small_batches(graph, executor, singles, singles, 4, 1) is None                # calib_steps
+    uneven = singles[:7] + [{"x": np.concatenate([singles[7]["x"]] * 2)}]
+    assert merge_small_batches(graph, executor, uneven, uneven, None, 2) is None               # 1, ..., 1, 2
+    wide = singles[:4] + [{"x": np.zeros((1, 3, 8, 12), np.float32)}]
+    assert merge_small_batches(graph, executor, wide, wide, None, 1) is None                   # another shape
+    three = quantize_onnx_model(small_model(), _samples(3), platform="ORT_INT8", setting=_setting())
+    assert three.metadata["quantization"]["merged_batches"] is None   # none held aside: too few to gain
