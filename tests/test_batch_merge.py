@@ -105,6 +105,9 @@ def test_a_fixed_batch_or_a_reshape_that_mixes_samples_is_left_alone():
     mixing = _model(["N", 3, 8, 8], reshape_to=[1, -1])
     graph = quantize_onnx_model(mixing, _samples(8), platform="ORT_INT8", setting=_setting())
     assert graph.metadata["quantization"]["merged_batches"] is None
+    refusing = _model(["N", 3, 8, 8], reshape_to=[1, 256])   # a batch of 2 cannot run at all: left alone too
+    graph = quantize_onnx_model(refusing, _samples(8), platform="ORT_INT8", setting=_setting())
+    assert graph.metadata["quantization"]["merged_batches"] is None
     per_sample = _model(["N", 3, 8, 8], reshape_to=[-1, 256])   # one row per sample: merged
     graph = quantize_onnx_model(per_sample, _samples(8), platform="ORT_INT8", setting=_setting())
     assert graph.metadata["quantization"]["merged_batches"]["merged_into"] == 1   # 6 calibrate, 2 held aside
