@@ -179,14 +179,15 @@ def test_enough_samples_are_held_aside_whatever_the_batch_size(batches, size, he
     record = graph.metadata["quantization"]
     report = next(p["report"] for p in record["passes"] if p["name"] == "protection")
     assert report["held_aside"] == bool(held) and record["verdict"]["held_aside"] == bool(held)
-    if held:
-        assert report["samples"] == record["verdict"]["samples"] == held * size
+    if held:   # the protection measures on 4 samples at least (the last calibration samples join), the verdict not
+        assert report["samples"] == max(held * size, 4) and record["verdict"]["samples"] == held * size
     else:   # on the calibration batches (up to 16 samples); the verdict on the first one
         assert report["samples"] == min(16, batches * size) and record["verdict"]["samples"] == min(16, size)
     # batches of fewer than 8 samples run merged (optim/batch_merge.py): the held-aside ones in one batch
     merged = record["merged_batches"] is not None
     assert merged == (bool(held) and 2 * size <= 16)
-    assert report["batches"] == (1 if merged else held or min(batches, -(-16 // size)))
+    topped = bool(held) and held * size < 4
+    assert report["batches"] == (1 + topped if merged else held or min(batches, -(-16 // size)))
 
 
 def test_a_batch_whose_inputs_share_no_leading_axis_is_one_sample():
@@ -267,3 +268,16 @@ def test_batches_are_known_by_their_content():
     changed[3, 2, 1, 1] += 1e-3
     assert batch_key(changed) != batch_key(batch) != batch_key(batch[:3])
     assert batch_key(batch) != batch_key(batch.astype(np.float64))
+
+
+def test_few_held_aside_samples_are_topped_up_with_the_last_calibration_samples():
+    from ppqlike.optim.passes.sensitivity import topped_up
+    calibration = [np.full((3, 2), i, np.float32) for i in range(4)]   # 12 samples, batch i filled with i
+    held = [np.full((1, 2), 9, np.float32)]
+    got = topped_up(list(held), held, calibration, 4)
+    assert [b.shape[0] for b in got] == [1, 3] and got[1][0, 0] == 3   # the last calibration batch joins
+    got = topped_up(list(held), held, calibration, 6)
+    assert [b.shape[0] for b in got] == [1, 2, 3] and [b[0, 0] for b in got] == [9, 2, 3]   # first 2 of batch 2
+    assert topped_up(list(held), None, calibration, 6) == held   # nothing held aside: calibration samples already
+    enough = [np.full((4, 2), 9, np.float32)]
+    assert len(topped_up(list(enough), enough, calibration, 4)) == 1   # enough held aside: as they are

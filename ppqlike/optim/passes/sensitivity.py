@@ -129,6 +129,26 @@ def held_aside_or_calibration(held_aside: Iterable | None, dataloader: Iterable,
     return measured_batches(held_aside if held_aside is not None else dataloader, samples, collate_fn, description)
 
 
+def topped_up(batches: list, held_aside: Iterable | None, dataloader: Iterable, minimum: int,
+              calib_steps: int | None = None, collate_fn: Callable | None = None,
+              description: str = "measurement data") -> list:
+    """``batches`` (measured on the held-aside samples) with the last calibration samples added until they hold
+    ``minimum`` samples: where only 2 are held aside (8 images, a quarter of them), one image decides what the
+    measure says.  As they are where they hold enough, or where nothing is held aside (they are calibration
+    samples already)."""
+    count = sum(sample_count(batch) for batch in batches)
+    if held_aside is None or count >= minimum:
+        return batches
+    calibration = list(iterate_calibration(dataloader, calib_steps, collate_fn, description, False))
+    extra = []
+    for batch in reversed(calibration):
+        if count >= minimum:
+            break
+        extra.append(leading_samples(batch, minimum - count))
+        count += sample_count(extra[-1])
+    return batches + extra[::-1]
+
+
 # ---------------------------------------------------------------- running
 class AloneRunner:
     """FP32 intermediates of one batch, and partial re-runs with one unit quantized."""
