@@ -164,7 +164,7 @@ def _held_count(batches, calib_steps: int | None, setting: QuantizationSetting) 
     """How many of the last calibration batches are held aside (0: none): with an accuracy target,
     ``mixed_precision_batches`` of them, measured by the target; without one, when there are ``HOLD_ASIDE_FROM``
     batches or more, the last ones that hold ``MEASURED_SAMPLES`` samples, at most a quarter of them (the verdict
-    and the protection pass measure on them).  None when the data's length is unknown or too short (those
+    and the protection pass measure on them).  0 when the data's length is unknown or too short (those
     measures then run on calibration batches, and their reports say so)."""
     held = setting.mixed_precision_batches if setting.accuracy_target is not None else 1
     try:

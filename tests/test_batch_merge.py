@@ -113,11 +113,28 @@ def test_a_fixed_batch_or_a_reshape_that_mixes_samples_is_left_alone():
     assert graph.metadata["quantization"]["merged_batches"]["merged_into"] == 1   # 6 calibrate, 2 held aside
 
 
+def test_an_output_of_data_dependent_shape_is_left_alone():
+    """[1, rank, count] of NonZero: the samples' counts differ, so their outputs do not even stack."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"), helper.make_node("NonZero", ["r"], ["n"], name="nz"),
+             helper.make_node("Unsqueeze", ["n", "axes"], ["y"], name="unsqueeze")]
+    weight = numpy_helper.from_array((np.random.default_rng(0).standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32),
+                                     "w")
+    model = helper.make_model(helper.make_graph(
+        nodes, "nonzero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [1, 4, None])],
+        [weight, numpy_helper.from_array(np.array([0], np.int64), "axes")]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    graph = ppqlike.load_onnx_graph(model)
+    singles = [{"x": batch + 0.5 * index} for index, batch in enumerate(_samples(8))]   # different counts
+    assert merge_small_batches(graph, NumpyExecutor(graph), singles, singles, None, 2) is None
+
+
 def test_data_that_is_not_an_even_in_memory_list_is_left_alone():
     graph = ppqlike.load_onnx_graph(small_model())
     executor = NumpyExecutor(graph)
     singles = [{"x": batch} for batch in _samples(8)]
-    assert merge_small_batches(graph, executor, iter(singles), singles, None, 2) is None       # a generator
+    assert merge_small_batches(graph, executor, iter(singles), singles, None, 2) is None   # a generator
     assert merge_small_batches(graph, executor, singles, singles, 4, 1) is None                # calib_steps
     uneven = singles[:7] + [{"x": np.concatenate([singles[7]["x"]] * 2)}]
     assert merge_small_batches(graph, executor, uneven, uneven, None, 2) is None               # 1, ..., 1, 2

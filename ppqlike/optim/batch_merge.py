@@ -74,8 +74,8 @@ def _merging_keeps_outputs(executor: NumpyExecutor, graph: Graph, batches: list[
     for index, output in enumerate(merged):
         parts = [np.asarray(outputs[index]) for outputs in apart]
         output = np.asarray(output)
-        if any(part.ndim == 0 for part in parts) or output.shape[0] != sum(part.shape[0] for part in parts):
-            return False
+        if any(part.ndim == 0 for part in parts) or len({part.shape[1:] for part in parts}) != 1:
+            return False   # (no batch axis, or a data-dependent shape: NonZero, detections)
         stacked = np.concatenate(parts)
         if output.shape != stacked.shape:
             return False

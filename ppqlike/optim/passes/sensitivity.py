@@ -7,6 +7,7 @@ downstream of a unit with that unit quantized (everything else float): a unit co
 
 from __future__ import annotations
 
+import collections
 from typing import Callable, Iterable
 
 import numpy as np
@@ -139,9 +140,11 @@ def topped_up(batches: list, held_aside: Iterable | None, dataloader: Iterable, 
     count = sum(sample_count(batch) for batch in batches)
     if held_aside is None or count >= minimum:
         return batches
-    calibration = list(iterate_calibration(dataloader, calib_steps, collate_fn, description, False))
+    # (the last batches only are held: every batch holds a sample at least)
+    last = collections.deque(iterate_calibration(dataloader, calib_steps, collate_fn, description, False),
+                             maxlen=minimum)
     extra = []
-    for batch in reversed(calibration):
+    for batch in reversed(last):
         if count >= minimum:
             break
         extra.append(leading_samples(batch, minimum - count))
