@@ -142,3 +142,62 @@ def test_data_that_is_not_an_even_in_memory_list_is_left_alone():
     assert merge_small_batches(graph, executor, wide, wide, None, 1) is None                   # another shape
     three = quantize_onnx_model(small_model(), _samples(3), platform="ORT_INT8", setting=_setting())
     assert three.metadata["quantization"]["merged_batches"] is None   # none held aside: too few to gain
+
+
+class _Loader:
+    """What a torch DataLoader with batch_size=1 looks like to ppqlike: sized, read again on each pass."""
+
+    def __init__(self, samples, batch_size=1):
+        self.samples, self.batch_size, self.passes = samples, batch_size, 0
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __iter__(self):
+        self.passes += 1
+        return iter(self.samples)
+
+
+def test_a_sized_loader_of_single_samples_is_read_once_and_calibrates_as_the_list():
+    singles = _samples(32)
+    loader = _Loader(singles)
+    from_loader = quantize_onnx_model(small_model(), loader, platform="ORT_INT8", setting=_setting())
+    from_list = quantize_onnx_model(small_model(), singles, platform="ORT_INT8", setting=_setting())
+    assert loader.passes == 1   # read into memory once; every pass after that runs the merged batches
+    assert from_loader.metadata["quantization"]["merged_batches"] == \
+        from_list.metadata["quantization"]["merged_batches"] == {"batches": 24, "merged_into": 2,
+                                                                 "samples_per_batch": 16, "held_aside": 8,
+                                                                 "held_aside_merged_into": 1}
+    assert _scales(from_loader) == _scales(from_list)
+
+
+def test_a_loader_too_large_to_hold_or_with_its_own_shards_is_left_alone(monkeypatch):
+    import ppqlike.optim.batch_merge as batch_merge
+    graph = ppqlike.load_onnx_graph(small_model())
+    executor = NumpyExecutor(graph)
+    singles = [{"x": batch} for batch in _samples(8)]
+    monkeypatch.setattr(batch_merge, "MATERIALIZED_BYTES", 5 * singles[0]["x"].nbytes)   # 5 of the 8 samples
+    loader = _Loader(singles)
+    assert merge_small_batches(graph, executor, loader, loader, None, 2) is None
+    assert loader.passes == 1   # stopped at the first batch: 8 of its size would not fit
+    monkeypatch.setattr(batch_merge, "MATERIALIZED_BYTES", 8 * singles[0]["x"].nbytes)
+    assert merge_small_batches(graph, executor, _Loader(singles), _Loader(singles), None, 2) is not None
+    sharded = _Loader(singles)
+    sharded.calibration_shard = lambda start, stop: None   # a CalibrationFolder: its files go to Ray's workers
+    assert merge_small_batches(graph, executor, sharded, sharded, None, 2) is None
+    assert sharded.passes == 0
+    lying = type("Lying", (_Loader,), {"__len__": lambda self: 9})(singles)   # says 9, gives 8
+    assert merge_small_batches(graph, executor, lying, lying, None, 2) is None
+
+
+def test_a_loader_is_not_read_ahead_unless_its_batch_size_says_it_merges():
+    graph = ppqlike.load_onnx_graph(small_model())
+    singles = [{"x": batch} for batch in _samples(8)]
+    batches = [{"x": batch} for batch in _samples(64, per_batch=16)]
+    for loader in (_Loader(batches, batch_size=16), _Loader(singles, batch_size=None),
+                   _Loader(singles, batch_size=True)):
+        assert merge_small_batches(graph, NumpyExecutor(graph), loader, loader, None, 1) is None
+        assert loader.passes == 0   # a lazy loader (JPEGs decoded on demand) is read once, by calibration
+    declared = _Loader(singles, batch_size=1)
+    assert merge_small_batches(graph, NumpyExecutor(graph), declared, declared, None, 1) is not None
+    assert declared.passes == 1

@@ -6,8 +6,11 @@ quantizing EfficientNet-Lite0 from 200 single images took twice as long as from 
 16.  :func:`merge_small_batches` regroups such data into batches of up to ``MERGED_SAMPLES`` samples before the
 pipeline reads it.
 
-Only where that cannot change what the model computes for a sample: the data is in memory (a list or tuple,
-all of it used), every batch holds the same number of samples, the same inputs, dtypes and per-sample shapes;
+Only where that cannot change what the model computes for a sample: all of the data is used, and it is in memory
+(a list or tuple) or read again on each pass from a sized source that declares a small ``batch_size`` (a torch
+DataLoader with ``batch_size=1``; read once into memory here, up to ``MATERIALIZED_BYTES``; ppqlike's own
+``CalibrationFolder`` keeps its files for Ray's workers, and a source that declares no batch size is not read
+ahead to find it); every batch holds the same number of samples, the same inputs, dtypes and per-sample shapes;
 every model input declares its first axis as the same symbolic size and its other axes as fixed sizes (a
 ``[sequence, batch, features]`` input, or a fixed batch of 1, is left alone); and, run in float, two batches
 merged give the outputs the two give apart (a Reshape that hard-codes a batch of 1 does not).  The batches held
@@ -15,7 +18,8 @@ aside for the verdict and the protection are merged apart from the others (how m
 data as given), and nothing is merged where none are held (too few batches to gain).  The Ray backend shares
 the merged batches among its workers, so its results stay the local run's.
 
-Reads: the graph's inputs and the executor (two float forward passes).  Writes nothing; returns a new list.
+Reads: the graph's inputs, the executor (two float forward passes) and the data (once).  Writes nothing; returns a
+new list.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from ..core.ir import Graph
 from ..executor import NumpyExecutor
 from ..executor.simulation import dequantized
 
-__all__ = ["MERGED_SAMPLES", "MERGED_BYTES", "merge_small_batches"]
+__all__ = ["MERGED_SAMPLES", "MERGED_BYTES", "MATERIALIZED_BYTES", "merge_small_batches"]
 
 #: samples in a merged batch, at most (the batch the shared CNNs' benchmarks use)
 MERGED_SAMPLES = 16
 #: input bytes of a merged batch, at most (large inputs gain little from batching and cost memory)
 MERGED_BYTES = 16 << 20
+#: input bytes of all the data, at most, where it is read into memory from a sized source (not a list or tuple)
+MATERIALIZED_BYTES = 256 << 20
 #: how close the merged batch's float outputs must be to the samples' own, relative to their largest value
 AGREEMENT = 1e-4
 
@@ -93,18 +99,19 @@ def merge_small_batches(graph: Graph, executor: NumpyExecutor, dataloader, batch
     """(the batches regrouped into batches of up to MERGED_SAMPLES samples, the first ones and the ``held`` last
     ones, held aside, apart; what was done) where the module docstring's conditions hold; None where
     the data stays as it is.  ``dataloader``: the user's data (merged only when it is a list or tuple and
-    ``calib_steps`` is None); ``batches``: the same, checked (dicts)."""
-    if calib_steps is not None or not isinstance(dataloader, (list, tuple)) or len(dataloader) - held < 2:
+    ``calib_steps`` is None, or a sized source read again on each pass: :func:`_read_whole_again`); ``batches``:
+    the same, checked (dicts)."""
+    if calib_steps is not None or not _read_whole_again(dataloader) or len(dataloader) - held < 2:
         return None
     if not batch_axis_is_free(graph):
         return None
-    batches = list(batches)
-    layouts = {_layout(batch) for batch in batches}
+    batches = list(batches) if isinstance(dataloader, (list, tuple)) else _read_into_memory(batches,
+                                                                                             len(dataloader))
+    layouts = {_layout(batch) for batch in batches or ()}
     if len(layouts) != 1 or None in layouts:
         return None
-    samples, _ = layouts.pop()
-    sample_bytes = sum(array.nbytes for array in batches[0].values()) // max(samples, 1)
-    per_group = min(MERGED_SAMPLES, MERGED_BYTES // max(sample_bytes, 1)) // samples   # batches per group
+    samples = layouts.pop()[0]
+    per_group = _batches_per_group(batches[0])
     if per_group < 2 or not _merging_keeps_outputs(executor, graph, batches[:2]):
         return None
     calibration, held_aside = batches[:len(batches) - held], batches[len(batches) - held:]
@@ -112,6 +119,45 @@ def merge_small_batches(graph: Graph, executor: NumpyExecutor, dataloader, batch
     return merged + kept, {"batches": len(calibration), "merged_into": len(merged),
                            "samples_per_batch": samples * per_group, "held_aside": len(held_aside),
                            "held_aside_merged_into": len(kept)}
+
+
+def _read_whole_again(dataloader) -> bool:
+    """Whether ``dataloader`` is a list or tuple, or a sized source that gives all of its batches again on each
+    pass and declares a ``batch_size`` small enough to merge (a torch DataLoader; not an iterator, which gives
+    them once; not a CalibrationFolder, which shards its files on Ray)."""
+    if isinstance(dataloader, (list, tuple)):
+        return True
+    if hasattr(dataloader, "__next__") or hasattr(dataloader, "calibration_shard"):
+        return False
+    declared = getattr(dataloader, "batch_size", None)   # a DataLoader's (without it, the source is not read
+    if not isinstance(declared, int) or isinstance(declared, bool) or not 0 < declared <= MERGED_SAMPLES // 2:
+        return False                                      # ahead: a lazy loader is read once)
+    try:
+        return len(dataloader) > 0
+    except TypeError:
+        return False
+
+
+def _batches_per_group(batch: dict) -> int:
+    """How many batches like ``batch`` a merged batch holds: MERGED_SAMPLES samples and MERGED_BYTES at most."""
+    samples = max(next(iter(batch.values())).shape[0], 1)
+    sample_bytes = sum(array.nbytes for array in batch.values()) // samples
+    return min(MERGED_SAMPLES, MERGED_BYTES // max(sample_bytes, 1)) // samples
+
+
+def _read_into_memory(batches: Iterable[dict], count: int) -> list[dict] | None:
+    """The ``count`` batches in a list; None where the first batch shows they would not be merged (too many
+    samples or bytes) or hold more than MATERIALIZED_BYTES of input (judged from the first, and checked as
+    they are read), or the source gives another number of them."""
+    kept, size = [], 0
+    for batch in batches:
+        if not kept and (_layout(batch) is None or _batches_per_group(batch) < 2):
+            return None
+        size += sum(array.nbytes for array in batch.values())
+        if size > MATERIALIZED_BYTES or (not kept and size * count > MATERIALIZED_BYTES):
+            return None
+        kept.append(batch)
+    return kept if len(kept) == count else None
 
 
 def _grouped(batches: list[dict], per_group: int) -> list[dict]:
