@@ -127,12 +127,14 @@ def _moved_units(units) -> int:
                for unit in units)
 
 
-@pytest.mark.parametrize("errors,front_units", [
-    ({0: 0.2, 1: 0.15, 2: 0.08, 4: 0.03, 8: 0.02}, 4),    # 2 halves it, 4 halves that again, 8 does not
-    ({0: 0.2, 1: 0.05, 2: 0.004, 4: 0.001, 8: 0.0}, 2),   # 2 is below front_floor: no wider move
-    ({0: 0.2, 1: 0.15, 2: 0.12, 4: 0.11, 8: 0.105}, None),  # nothing halves it
+@pytest.mark.parametrize("errors,front_units,front_floor", [
+    ({0: 0.2, 1: 0.15, 2: 0.08, 4: 0.03, 8: 0.02}, 4, None),    # 2 halves it, 4 halves that again, 8 does not
+    ({0: 0.2, 1: 0.05, 2: 0.004, 4: 0.001, 8: 0.0}, 2, None),   # 2 is below front_floor: no wider move
+    ({0: 0.2, 1: 0.15, 2: 0.12, 4: 0.11, 8: 0.105}, None, None),  # nothing halves it
+    ({0: 0.02, 1: 0.015, 2: 0.008, 4: 0.003, 8: 0.0012, 16: 0.0}, 4, 0.005),   # balanced's floor: 4 is under it
+    ({0: 0.02, 1: 0.015, 2: 0.008, 4: 0.003, 8: 0.0012, 16: 0.0}, 8, 0.002),   # best's: 4 is not, 8 halves it
 ])
-def test_the_front_widens_while_it_halves_the_error(errors, front_units):
+def test_the_front_widens_while_it_halves_the_error(errors, front_units, front_floor):
     setting = QuantizationSettingFactory.for_platform("TRT_INT8")
     setting.recipe, setting.protection = "plain", False
     graph = api.quantize_onnx_model(_model(), _data(), platform="TRT_INT8", setting=setting)
@@ -143,7 +145,8 @@ def test_the_front_widens_while_it_halves_the_error(errors, front_units):
         moved = _moved_units(units)
         return errors[max(size for size in errors if size <= moved)]
 
-    protection = LayerProtectionPass(float_boundaries=True)
+    protection = LayerProtectionPass(float_boundaries=True,
+                                     **({} if front_floor is None else {"front_floor": front_floor}))
     front = protection._protect_front(graph, units, {}, error, errors[0])
     if front_units is None:
         assert front is None and _moved_units(units) == 0

@@ -9,6 +9,7 @@ import ppqlike
 from ppqlike.core.errors import PlatformError
 from ppqlike.optim.recipe import (ADAROUND_SHARE, RANGE_SEARCH_SHARE, RECIPES, apply_recipe, build_pipeline,
                                   resolve_policy)
+from ppqlike.optim.passes.protection import LayerProtectionPass
 from shared_bench import PRESETS, load_images, requires_bench
 
 
@@ -33,7 +34,14 @@ def test_plain_changes_nothing_and_balanced_fills_only_what_is_left_to_it():
     assert report["changed"] == {"activation_observer": "auto", "terminal_observer": "minmax", "bias_correction": True,
                                  "adaround": True, "time_budget_s": RECIPES["best"].time_budget_s,
                                  "smooth_quant": True, "range_search": True, "protection": True,
-                                 "float_outputs": True}
+                                 "float_outputs": True,
+                                 "protection_front_floor": RECIPES["best"].protection_front_floor}
+    explicit = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best")
+    explicit.protection_front_floor = 0.01   # the user's floor wins
+    assert apply_recipe(explicit, "ORT_INT8")[0].protection_front_floor == 0.01
+    for bad in (0, 1.5, True, "0.002"):
+        with pytest.raises(PlatformError, match="protection_front_floor"):
+            ppqlike.QuantizationSetting(protection_front_floor=bad).validate()
     budgeted = ppqlike.QuantizationSettingFactory.for_platform("ORT_INT8", recipe="best")
     budgeted.time_budget_s = 5
     assert apply_recipe(budgeted, "ORT_INT8")[0].time_budget_s == 5
@@ -113,6 +121,12 @@ def test_best_protects_before_it_searches_ranges_and_checks_the_search():
         assert names.index("protection") < names.index("range_search") < names.index("bias_correction")
         assert names.count("protection") == 1
         assert next(p for p in passes if p.name == "range_search").checked_on
+        # a front moves from a smaller held-aside error than in balanced (RECIPES, round 16)
+        front_floor = next(p for p in passes if p.name == "protection").front_floor
+        assert front_floor == RECIPES["best"].protection_front_floor < LayerProtectionPass().front_floor
         balanced, _ = apply_recipe(ppqlike.QuantizationSettingFactory.for_platform(platform), platform)
         names = [p.name for p in build_pipeline(resolve_policy(platform, balanced), balanced).passes]
         assert "range_search" not in names and names.index("bias_correction") < names.index("protection")
+        protection = next(p for p in build_pipeline(resolve_policy(platform, balanced), balanced).passes
+                          if p.name == "protection")
+        assert protection.front_floor == LayerProtectionPass().front_floor

@@ -125,7 +125,8 @@ class QuantizationSetting(PPQSettingViews):
     readers, with the quantized inputs they will see, on ``range_search_samples`` calibration samples),
     ``protection`` (the few layers whose 8-bit quantization alone wrecks the output, found on calibration
     data, move to the platform's higher precision: ppqlike.optim.passes.protection; None: as the recipe
-    says, on in balanced and best; False: off with any recipe),
+    says, on in balanced and best; False: off with any recipe; ``protection_front_floor``: the held-aside output
+    error, 1 - cosine, at or above which it moves a front of the graph, None: as the recipe says),
     ``accuracy_target`` (None: off; else the output cosine against FP32 to
     reach by moving the fewest ops to the platform's 16-bit grid, else FP32, measured on the last
     ``mixed_precision_batches`` calibration batches, held aside from calibration, at most
@@ -185,6 +186,7 @@ class QuantizationSetting(PPQSettingViews):
     range_search: bool = False
     range_search_samples: int = 32
     protection: bool | None = None
+    protection_front_floor: float | None = None
     accuracy_target: float | None = None
     mixed_precision_batches: int = 2
     mixed_precision_max_ops: int | None = None
@@ -249,6 +251,10 @@ class QuantizationSetting(PPQSettingViews):
         budget = self.time_budget_s
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0):
             raise PlatformError(f"setting.time_budget_s must be None or a number of seconds >= 0, got {budget!r}")
+        front = self.protection_front_floor
+        if front is not None and (isinstance(front, bool) or not isinstance(front, (int, float)) or not 0 < front < 1):
+            raise PlatformError(f"setting.protection_front_floor must be None or an output error in (0, 1), "
+                                f"got {front!r}")
         target = self.accuracy_target
         if target is not None and not (isinstance(target, (int, float)) and not isinstance(target, bool)
                                        and -1.0 < target <= 1.0):
