@@ -156,3 +156,33 @@ def test_the_front_widens_while_it_halves_the_error(errors, front_units, front_f
         return
     assert front["front_units"] == front_units and front["error_after"] == pytest.approx(errors[front_units])
     assert _moved_units(units) >= front_units
+
+
+@pytest.mark.parametrize("float_fronts", [False, True])
+def test_a_front_goes_straight_to_fp32_where_the_wider_grid_runs_in_float_kernels(float_fronts):
+    """onnxruntime's CPU computes int16 QDQ layers with float kernels between Q/DQ pairs: a front there is
+    tried in FP32 only (as exact, and faster deployed); elsewhere the wider grid first."""
+    setting = QuantizationSettingFactory.for_platform("ORT_INT8")
+    setting.recipe, setting.protection = "plain", False
+    graph = api.quantize_onnx_model(_model(), _data(), platform="ORT_INT8", setting=setting)
+    units = find_units(graph)
+    trials = []
+
+    def error() -> float:   # 0.2 until the first unit runs in float (an INT16 move leaves every unit integer)
+        trials.append(_moved_units(units))
+        return 0.2 if _moved_units(units) == 0 else 0.01
+
+    protection = LayerProtectionPass(higher_precision_bits=16, float_fronts=float_fronts)
+    front = protection._protect_front(graph, units, {}, error, 0.2)
+    assert front["front_units"] == 1 and front["precision"] == "FP32"
+    # sizes 1 and 2 (no further halving): each tried in FP32 only, or first on the 16-bit grid (nothing in float)
+    assert len(trials) == (2 if float_fronts else 4) and (0 in trials) is not float_fronts
+
+
+def test_onnxruntime_fronts_are_float_and_the_integer_runtimes_keep_their_wider_grid():
+    from ppqlike.optim.recipe import apply_recipe, build_pipeline, resolve_policy
+    for platform, float_fronts in (("ORT_INT8", True), ("DSP_INT8", False), ("TIDL_INT8", False)):
+        setting, _ = apply_recipe(QuantizationSettingFactory.for_platform(platform), platform)
+        protection = next(p for p in build_pipeline(resolve_policy(platform, setting), setting).passes
+                          if p.name == "protection")
+        assert protection.float_fronts is float_fronts, platform

@@ -141,6 +141,8 @@ class PlatformPolicy:
     runtime_kernels: str | None = None          # 'onnxruntime': simulate its integer CPU kernels bit for bit
     higher_precision_bits: int | str | None = None  # wider integer grid single layers may use (accuracy target,
     #                                  protection), or a float format ('BF16', 'F16': TPU-MLIR); None: FP32 only
+    wider_grid_runs_float: bool = False         # the runtime computes those layers with float kernels between
+    #                                  Q/DQ pairs (onnxruntime's CPU int16 QDQ): the protection's fronts go FP32
     exporter: str = "qdq_onnx"
     placement: str = "every_output"             # or 'compute_inputs' (TensorRT): ppqlike.optim.passes.placement
     transformer_placement: str | None = None    # the placement of a graph with LayerNorms (None: ``placement``)
