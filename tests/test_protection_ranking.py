@@ -148,8 +148,7 @@ def test_the_front_widens_while_it_halves_the_error(errors, front_units, front_f
         moved = _moved_units(units)
         return errors[max(size for size in errors if size <= moved)]
 
-    protection = LayerProtectionPass(float_boundaries=True,
-                                     **({} if front_floor is None else {"front_floor": front_floor}))
+    protection = LayerProtectionPass(float_boundaries=True, front_floor=front_floor)
     front = protection._protect_front(graph, units, {}, error, errors[0])
     if front_units is None:
         assert front is None and _moved_units(units) == 0

@@ -320,8 +320,7 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
     protection = LayerProtectionPass(higher_precision_bits=policy.higher_precision_bits,
                                      float_boundaries=policy.placement == "compute_inputs", verbose=verbose > 0,
                                      float_fronts=policy.wider_grid_runs_float,
-                                     **({} if setting.protection_front_floor is None
-                                        else {"front_floor": setting.protection_front_floor}))
+                                     front_floor=setting.protection_front_floor)
     protection_first = setting.range_search and setting.protection
     if setting.range_search:  # needs every range calibrated; bias correction then measures what is left
         followed = setting.bias_correction or setting.protection or setting.accuracy_target is not None

@@ -31,21 +31,21 @@ TPU_INT8: the depthwise input above halves the error left after the front, 0.083
 not taken: holding every measured unit to the threshold against the error left after the front (the PP-OCR
 text detector, TRT_INT8: one more conv moved to FP32, held-aside cosine 0.9972 -> 0.9977, dev 0.985 -> 0.960).
 
-Fronts. Where the error is still at least ``front_floor`` (cosine below 0.995; `best` sets 0.002) after that, the
+Fronts.  Where the error is still at least ``front_floor`` (cosine below 0.995; `best` sets 0.002) after that, the
 smallest front of the graph - its first 1, 2, 4, ... units in topological order, all but the last at most, half of
 them where the error is under ``WIDE_FRONT_ERROR`` - whose move halves the error, widened (doubled) while that
-halves the error again and it is still at least ``front_floor``, is moved: an in-model signal front end (basic-
-pitch's CQT, an STFT, a log-mel) is many units, none of which wrecks the output alone; the report and the verdict
-list what moved. Each front is tried at the platform's higher precision, then, unless that brought the cosine above
-0.995, in FP32, and the better kept (in FP32 only with ``float_fronts``: where the runtime computes the wider grid
-with float kernels between Q/DQ pairs, onnxruntime's CPU, FP32 is as exact and faster): a power spectrum read by a
-Log spans 100 dB and more, which no 16-bit grid holds (the log-mel family, ORT_INT8, held-aside calibration clips:
-error 0.108 quantized, 0.031 with the STFT and mel units at INT16, 0.0033 with them in FP32). Where the higher
-precision is 8 bits (the platforms whose point is fewer bits: ACADEMIC_MIX's int4 layers, ACADEMIC_W4A8's 4-bit
-weights) no front moves, only the candidates, and they move to 8 bits: fronts there took nearly the whole model off
-its bits (W4A8 `best` ran 51 of EfficientNet-Lite0's 60 units and 59 of MobileNetV2's in FP32; at 8 bits `balanced`
-moved 51, 57 and 59 units of EfficientNet-Lite0, SqueezeNet and MobileNetV2 to 8-bit weights), which is not a 4-bit
-model.
+halves the error again and it is still at least ``front_floor``, is moved: an in-model signal front end
+(basic-pitch's CQT, an STFT, a log-mel) is many units, none of which wrecks the output alone; the report and the
+verdict list what moved. Each front is tried at the platform's higher precision, then, unless that brought the
+cosine above 0.995, in FP32, and the better kept (in FP32 only with ``float_fronts``: where the runtime computes
+the wider grid with float kernels between Q/DQ pairs, onnxruntime's CPU, FP32 is as exact and faster): a power
+spectrum read by a Log spans 100 dB and more, which no 16-bit grid holds (the log-mel family, ORT_INT8, held-aside
+calibration clips: error 0.108 quantized, 0.031 with the STFT and mel units at INT16, 0.0033 with them in FP32).
+Where the higher precision is 8 bits (the platforms whose point is fewer bits: ACADEMIC_MIX's int4 layers,
+ACADEMIC_W4A8's 4-bit weights) no front moves, only the candidates, and they move to 8 bits: fronts there took
+nearly the whole model off its bits (W4A8 `best` ran 51 of EfficientNet-Lite0's 60 units and 59 of MobileNetV2's in
+FP32; at 8 bits `balanced` moved 51, 57 and 59 units of EfficientNet-Lite0, SqueezeNet and MobileNetV2 to 8-bit
+weights), which is not a 4-bit model.
 
 Why a front floor of 0.995 and not 0.99: the error is measured on few held-aside samples (8 of
 basic-pitch's 2 s clips), and a model just under the floor there can be far from it on other inputs:
@@ -103,12 +103,13 @@ class LayerProtectionPass(QuantizationOptimizationPass):
 
     def __init__(self, samples: int = 16, share: float = 0.25, floor: float = 1e-3, gain: float = 0.15,
                  max_units: int = 3, measured_units: int = 6, higher_precision_bits: int | None = None,
-                 float_boundaries: bool = False, front_floor: float = 0.005, float_fronts: bool = False,
+                 float_boundaries: bool = False, front_floor: float | None = None, float_fronts: bool = False,
                  verbose: bool = False):
         self.samples, self.share, self.floor, self.gain = int(samples), float(share), float(floor), float(gain)
         self.max_units, self.bits, self.float_boundaries = int(max_units), higher_precision_bits, float_boundaries
         self.measured_units, self.verbose = int(measured_units), verbose
-        self.front_floor, self.float_fronts = float(front_floor), bool(float_fronts)
+        self.front_floor = WIDE_FRONT_ERROR if front_floor is None else float(front_floor)   # None: balanced's
+        self.float_fronts = bool(float_fronts)
 
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None,
