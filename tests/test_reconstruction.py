@@ -85,21 +85,35 @@ def _output_error(graph, batches):
     return sum(float(np.sum((q - r) ** 2)) for q, r in zip(quantized, reference))
 
 
-def test_the_pass_bakes_every_layer_no_worse_than_nearest_and_lowers_the_output_error():
-    batches = data(batches=4, seed=3)
+def reconstructed_chain(reconstruction, batches):
+    """The W4A8 chain model after ``reconstruction``, its pass reports, and its output error without (0) and
+    with (1) the pass."""
     errors = {}
-    for passes in ((), (SequentialReconstructionPass(samples=16, steps=200),)):
+    for passes in ((), (reconstruction,)):
         graph, policy = prepared(chain_model(), "ACADEMIC_W4A8")
-        executor, reports = run_passes(graph, policy, batches, extra=passes, stop_before="baking")
+        _, reports = run_passes(graph, policy, batches, extra=passes, stop_before="baking")
         errors[len(passes)] = _output_error(graph, batches)
-    report = reports["reconstruction"]
-    assert report["layers"] == report["targets"] == 5     # four Conv (one depthwise) and the Gemm
+    return graph, reports, errors
+
+
+def layer_details(graph) -> list:
+    """Each Conv/Gemm's reconstruction facts, asserting its weight was baked."""
+    details = []
     for operation in graph.operations.values():
         if operation.type in ("Conv", "Gemm"):
             config = operation.config.input_quantization_config[1]
             assert config.state is S.BAKED
-            detail = config.detail["reconstruction"]
-            assert detail["loss_" + detail["kept"]] <= detail["loss_nearest"]
+            details.append(config.detail["reconstruction"])
+    return details
+
+
+def test_the_pass_bakes_every_layer_no_worse_than_nearest_and_lowers_the_output_error():
+    graph, reports, errors = reconstructed_chain(SequentialReconstructionPass(samples=16, steps=200),
+                                                 data(batches=4, seed=3))
+    report = reports["reconstruction"]
+    assert report["layers"] == report["targets"] == 5     # four Conv (one depthwise) and the Gemm
+    for detail in layer_details(graph):
+        assert detail["loss_" + detail["kept"]] <= detail["loss_nearest"]
     assert errors[1] < errors[0]
 
 
@@ -113,11 +127,8 @@ def test_a_layer_never_leaves_worse_than_the_rounding_it_came_with_and_the_pass_
     _, reports = run_passes(graph, policy, batches, extra=(AdaroundPass(steps=100, verbose=False),
                                                            SequentialReconstructionPass(samples=8, steps=20)))
     assert reports["adaround"]["layers"] == reports["reconstruction"]["layers"] == 5
-    for operation in graph.operations.values():
-        if operation.type in ("Conv", "Gemm"):
-            detail = operation.config.input_quantization_config[1].detail["reconstruction"]
-            assert "loss_previous" in detail
-            assert detail["loss_" + detail["kept"]] <= min(detail["loss_previous"], detail["loss_nearest"])
+    for detail in layer_details(graph):
+        assert detail["loss_" + detail["kept"]] <= min(detail["loss_previous"], detail["loss_nearest"])
 
 
 def test_the_setting_runs_it_after_calibration():

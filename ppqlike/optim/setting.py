@@ -115,10 +115,11 @@ class QuantizationSetting(PPQSettingViews):
     inputs, as NNCF's fast bias correction), ``adaround`` (learned rounding of the
     weights: ``adaround_steps`` Adam iterations per layer on
     ``adaround_samples`` rows of the layer's input, after a search of the
-    weight range), ``reconstruction`` (the weights' rounding learned again layer after layer, against the
-    FP32 output from the input the quantized network feeds each layer, QDrop's dropped quantization in
-    expectation: ppqlike.optim.passes.reconstruction; ``reconstruction_samples`` calibration samples,
-    ``adaround_steps`` iterations and ``adaround_samples`` rows per layer),
+    weight range), ``reconstruction`` (the weights' rounding learned again block after block (BRECQ), against
+    the FP32 block output from the input the quantized network feeds each block, with QDrop's dropped
+    quantization: ppqlike.optim.passes.block_reconstruction; ``reconstruction_samples`` calibration samples,
+    twice ``adaround_steps`` iterations per block at most; layers in no block as
+    ppqlike.optim.passes.reconstruction, ``adaround_samples`` rows each),
     ``smooth_quant`` (SmoothQuant: LayerNorm output outliers moved into the next weights;
     ``smooth_quant_alpha`` the migration strength, None: chosen per LayerNorm on the calibration data),
     ``range_search`` (each per-tensor activation range chosen again by the error it causes at its

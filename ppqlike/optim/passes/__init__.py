@@ -16,6 +16,7 @@ from .placement import QuantizationPlacementPass
 from .protection import LayerProtectionPass
 from .range_search import ActivationRangeSearchPass
 from .reconstruction import SequentialReconstructionPass
+from .block_reconstruction import BlockReconstructionPass
 from .refine import QuantizeRefinePass
 from .requantization import IntegerRequantizationPass
 from .runtime_kernels import RuntimeKernelPass
@@ -30,4 +31,5 @@ __all__ = ["QuantizeRefinePass", "FusionPass", "QuantizationSimplifyPass", "Para
            "LayerwiseEqualizationPass", "BiasCorrectionPass", "AdaroundPass", "MixedPrecisionPass",
            "RuntimeKernelPass", "SmoothQuantPass", "ActivationRangeSearchPass", "Int32BiasRangePass",
            "QuantizationPlacementPass", "LayerProtectionPass", "BodyQuantizationPass",
-           "AWQPass", "GPTQPass", "WeightOnlyQuantizePass", "SequentialReconstructionPass"]
+           "AWQPass", "GPTQPass", "WeightOnlyQuantizePass", "SequentialReconstructionPass",
+           "BlockReconstructionPass"]

@@ -34,7 +34,7 @@ EXACT = 1e-12
 
 
 # ---------------------------------------------------------------- rounding
-class _Rounder:
+class SoftRounding:
     """The soft-rounding problem of one layer: V, h(V), the quantized weight and their gradients (float32: the
     steps' arithmetic; the grid values floor, offset and the config's float32 scale are exact in it)."""
 
@@ -64,6 +64,32 @@ class _Rounder:
 
     def hard(self) -> np.ndarray:
         return (self.v >= 0).astype(np.float32)
+
+
+class RoundingAdam:
+    """Adam on a SoftRounding's V for the reconstruction gradient with respect to h plus AdaRound's regularizer
+    lam * sum(1 - |2h - 1|^b), b annealed from ``beta[0]`` to ``beta[1]`` over the steps after ``start``."""
+
+    B1, B2, EPS = 0.9, 0.999, 1e-8
+
+    def __init__(self, rounder: SoftRounding, lr: float, lam: float, beta: tuple = (20.0, 2.0)):
+        self.rounder, self.lr, self.lam, self.beta = rounder, lr, lam, beta
+        self.m, self.v2 = np.zeros_like(rounder.v), np.zeros_like(rounder.v)
+
+    def step(self, t: int, start: int, steps: int, grad_h: np.ndarray, h: np.ndarray, raw: np.ndarray,
+             sig: np.ndarray) -> None:
+        """Step ``t`` (from 0) of ``steps``, regularized from ``start``; ``grad_h``: the reconstruction's
+        gradient with respect to h; h, raw, sig: ``rounder.soft()`` at this step."""
+        if t >= start:
+            progress = (t - start) / max(1, steps - start)
+            b = self.beta[1] + (self.beta[0] - self.beta[1]) * (1.0 - progress)
+            centred = 2.0 * h - 1.0
+            grad_h = grad_h + -self.lam * b * np.abs(centred) ** (b - 1.0) * np.sign(centred) * 2.0
+        grad_v = grad_h * (ZETA - GAMMA) * sig * (1.0 - sig) * ((raw > 0.0) & (raw < 1.0))
+        b1, b2 = self.B1, self.B2
+        self.m = b1 * self.m + (1 - b1) * grad_v
+        self.v2 = b2 * self.v2 + (1 - b2) * grad_v * grad_v
+        self.rounder.v -= self.lr * (self.m / (1 - b1 ** (t + 1))) / (np.sqrt(self.v2 / (1 - b2 ** (t + 1))) + self.EPS)
 
 
 def nearest_rounding(operation: Operation, config: TensorQuantizationConfig) -> np.ndarray:
@@ -125,16 +151,14 @@ def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQu
                    beta: tuple = (20.0, 2.0), deadline: float = float("inf")) -> tuple[np.ndarray, dict]:
     """Optimize the rounding of one layer; returns (weight as [G, O, K], facts).  At ``deadline`` (a
     ``time.perf_counter()`` value) the iterations stop and the rounding reached so far is judged as at the end."""
-    rounder = _Rounder(operation, config)
+    rounder = SoftRounding(operation, config)
     nearest = nearest_rounding(operation, config)
     nearest_loss = stat.loss(nearest)
     if nearest_loss * stat.rows <= EXACT * max(stat.energy, 1e-30):   # the weights lie on the grid
         return nearest, _facts(stat, nearest_loss, nearest_loss, changed=0.0, undecided=0.0, steps_done=0)
     # the reconstruction term is divided by the nearest-rounding loss so that lam means the same in every layer
     norm = 1.0 / nearest_loss
-    m = np.zeros_like(rounder.v)
-    v2 = np.zeros_like(rounder.v)
-    b1, b2, eps = 0.9, 0.999, 1e-8
+    adam = RoundingAdam(rounder, lr, lam, beta)
     start = int(warmup * steps)
     done = steps
     for t in range(steps):
@@ -144,16 +168,7 @@ def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQu
         h, raw, sig = rounder.soft()
         approx, inside = rounder.weight(h)
         grad_w = stat.gradient(approx)
-        grad_h = grad_w * norm * rounder.scale * inside
-        if t >= start:
-            progress = (t - start) / max(1, steps - start)
-            b = beta[1] + (beta[0] - beta[1]) * (1.0 - progress)
-            centred = 2.0 * h - 1.0
-            grad_h += -lam * b * np.abs(centred) ** (b - 1.0) * np.sign(centred) * 2.0
-        grad_v = grad_h * (ZETA - GAMMA) * sig * (1.0 - sig) * ((raw > 0.0) & (raw < 1.0))
-        m = b1 * m + (1 - b1) * grad_v
-        v2 = b2 * v2 + (1 - b2) * grad_v * grad_v
-        rounder.v -= lr * (m / (1 - b1 ** (t + 1))) / (np.sqrt(v2 / (1 - b2 ** (t + 1))) + eps)
+        adam.step(t, start, steps, grad_w * norm * rounder.scale * inside, h, raw, sig)
     learned, _ = rounder.weight(rounder.hard())
     learned_loss = stat.loss(learned)
     h, _, _ = rounder.soft()

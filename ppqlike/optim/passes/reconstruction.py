@@ -48,6 +48,11 @@ S = QuantizationStates
 ROW_CHUNK = 512
 
 
+def reconstruction_targets(graph: Graph) -> set[str]:
+    """The Conv/Gemm ops whose weight rounding a reconstruction learns (ACTIVATED or BAKED weight configs)."""
+    return {op.name for op in configured_operations(graph) if rounding_unsupported(op, (S.ACTIVATED, S.BAKED)) is None}
+
+
 class SequentialReconstructionPass(QuantizationOptimizationPass):
     """Learn each Conv/Gemm's weight rounding against the FP32 output, from the quantized network's input
     (module docstring).  ``samples``: calibration samples walked (one batch); ``rows``: output positions per
@@ -70,8 +75,7 @@ class SequentialReconstructionPass(QuantizationOptimizationPass):
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
         started = time.perf_counter()
         deadline = self.time_budget.deadline()
-        targets = {op.name for op in configured_operations(graph)
-                   if rounding_unsupported(op, (S.ACTIVATED, S.BAKED)) is None}
+        targets = reconstruction_targets(graph)
         if not targets:
             return {"layers": 0, "seconds": round(time.perf_counter() - started, 3)}
         executor = executor or NumpyExecutor(graph)
