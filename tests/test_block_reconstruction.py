@@ -199,3 +199,21 @@ def test_a_shape_computed_from_the_input_neither_ties_the_graph_together_nor_ent
     assert [block.layers for block in blocks] == [["conv1", "conv2"], ["fc"]]
     assert all(op.type not in ("Shape", "Gather", "Unsqueeze", "Concat", "Reshape")
                for block in blocks for op in block.operations)
+
+
+def test_the_same_bits_with_one_two_and_four_kernel_threads():
+    """The convolution's gradient is taken one image per thread and summed in image order: the rounding
+    learned does not depend on the thread count."""
+    from ppqlike.executor import set_num_threads
+    baked = []
+    try:
+        for threads in (1, 2, 4):
+            set_num_threads(threads)
+            graph, policy = prepared(chain_model(), "ACADEMIC_W4A8")
+            run_passes(graph, policy, data(batches=2, seed=5),
+                       extra=(BlockReconstructionPass(samples=8, steps=30, batch=4),), stop_before="baking")
+            baked.append([np.asarray(op.config.input_quantization_config[1].baked_value).tobytes()
+                          for op in graph.topological_sort() if op.type in ("Conv", "Gemm")])
+    finally:
+        set_num_threads(None)
+    assert baked[0] == baked[1] == baked[2]

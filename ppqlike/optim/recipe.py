@@ -263,11 +263,10 @@ def effective_setting(setting: QuantizationSetting, policy: PlatformPolicy) -> d
 ADAROUND_SHARE = 0.6
 RANGE_SEARCH_SHARE = 0.85
 #: with the block reconstruction: learned rounding on FP32 inputs stops at the first share, the
-#: reconstruction (which learns every block's rounding again, its steps fitted to the time left) at the second
+#: reconstruction (which learns every block's rounding again, fewer steps where its share of the time left is
+#: short) at the second
 ADAROUND_SHARE_BEFORE_RECONSTRUCTION = 0.3
 RECONSTRUCTION_SHARE = 0.8
-#: a block's steps per step of a layer's learned rounding: a block's gradient comes from a few samples a step
-BLOCK_STEPS_PER_LAYER_STEP = 2
 #: samples bias correction and the range search are checked on (each kept only where it brings the output closer
 #: to FP32): the protection's, so that all three read the same FP32 references
 CHECK_SAMPLES = 16
@@ -325,7 +324,7 @@ def build_pipeline(policy: PlatformPolicy, setting: QuantizationSetting, verbose
         followed = setting.range_search or setting.bias_correction or setting.protection or \
             setting.accuracy_target is not None
         passes.append(BlockReconstructionPass(samples=setting.reconstruction_samples, rows=setting.adaround_samples,
-                                              steps=BLOCK_STEPS_PER_LAYER_STEP * setting.adaround_steps,
+                                              steps=setting.reconstruction_steps,
                                               verbose=verbose > 0,
                                               time_budget=budget.part(RECONSTRUCTION_SHARE) if followed else budget))
     protection = LayerProtectionPass(higher_precision_bits=policy.higher_precision_bits,

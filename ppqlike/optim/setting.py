@@ -118,8 +118,8 @@ class QuantizationSetting(PPQSettingViews):
     weight range), ``reconstruction`` (the weights' rounding learned again block after block (BRECQ), against
     the FP32 block output from the input the quantized network feeds each block, with QDrop's dropped
     quantization: ppqlike.optim.passes.block_reconstruction; ``reconstruction_samples`` calibration samples,
-    twice ``adaround_steps`` iterations per block at most; layers in no block as
-    ppqlike.optim.passes.reconstruction, ``adaround_samples`` rows each),
+    ``reconstruction_steps`` Adam iterations per block, fewer where the time budget does not hold them;
+    layers in no block as ppqlike.optim.passes.reconstruction, ``adaround_samples`` rows each),
     ``smooth_quant`` (SmoothQuant: LayerNorm output outliers moved into the next weights;
     ``smooth_quant_alpha`` the migration strength, None: chosen per LayerNorm on the calibration data),
     ``range_search`` (each per-tensor activation range chosen again by the error it causes at its
@@ -182,6 +182,7 @@ class QuantizationSetting(PPQSettingViews):
     adaround_samples: int = 4096
     reconstruction: bool = False
     reconstruction_samples: int = 32
+    reconstruction_steps: int = 1000
     smooth_quant: bool = False
     smooth_quant_alpha: float | None = None
     range_search: bool = False
@@ -235,7 +236,7 @@ class QuantizationSetting(PPQSettingViews):
                                 "'local' or 'ray'")
         for name in ("search_batches", "calibration_workers", "equalization_iterations", "adaround_steps",
                      "adaround_samples", "mixed_precision_batches", "range_search_samples",
-                     "reconstruction_samples"):
+                     "reconstruction_samples", "reconstruction_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlatformError(f"setting.{name} must be a positive integer, got {value!r}")

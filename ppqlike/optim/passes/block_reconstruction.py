@@ -77,7 +77,7 @@ class BlockReconstructionPass(SequentialReconstructionPass):
 
     name = "reconstruction"
 
-    def __init__(self, samples: int = 32, rows: int = 4096, steps: int = 500, drop: float = 0.5,
+    def __init__(self, samples: int = 32, rows: int = 4096, steps: int = 1000, drop: float = 0.5,
                  lr: float = 3e-2, lam: float = 0.1, warmup: float = 0.2, seed: int = 0,
                  time_budget=None, verbose: bool = False, batch: int = 8, block_layers: int = 3, crop: int = 16):
         super().__init__(samples, rows, steps, drop, lr, lam, warmup, seed, time_budget, verbose)
