@@ -16,7 +16,10 @@ rectified sigmoid, ``adaround_rounding``) are optimized with Adam on
 where y_q runs the simulation's kernels with every activation quantized as configured, except that each element
 of each quantized activation (the block's input included, which then takes its FP32 value) keeps its float
 value with probability ``drop`` on every step (QDrop); the rounding's gradient passes a quantizer where the
-value lies inside its grid (straight-through).  Each step takes ``batch`` of the walked samples.
+value lies inside its grid (straight-through).  Each step takes ``batch`` of the walked samples and, where every
+op of the block is local, a random window of its input whose outputs are about ``crop`` positions a side (the
+FP32 target computed on the same window).  A block runs ``steps`` steps, fewer where the time per step its first
+``PROBE_STEPS`` show will not fit its equal share of the time left before ``time_budget``.
 
 A block keeps whichever of the learned rounding, the rounding it came with (``adaround``'s, learned on FP32
 inputs) and nearest rounding has the smaller loss on all walked samples with nothing dropped: the pass never
