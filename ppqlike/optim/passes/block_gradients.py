@@ -23,6 +23,7 @@ import numpy as np
 from ...core.ir import Operation
 from ...executor.ops._threads import computing_threads, parallel
 from ...executor.ops.tensor import pad_widths
+from .adaround_rows import conv_geometry
 
 #: op types whose gradient this module gives (with the attribute limits of :func:`gradient_unsupported`)
 GRADIENT_TYPES = frozenset({"Conv", "Gemm", "Relu", "Clip", "Add", "Concat", "GlobalAveragePool", "Flatten",
@@ -41,11 +42,10 @@ def gradient_unsupported(operation: Operation) -> str | None:
     if kind == "Conv":
         weight = operation.inputs[1].value if len(operation.inputs) > 1 and operation.inputs[1] is not None \
             else None
-        auto_pad = attributes.get("auto_pad", "NOTSET")
-        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-        if weight is None or weight.ndim != 4 or auto_pad not in ("NOTSET", "VALID"):
+        geometry = None if weight is None else conv_geometry(operation, weight)
+        if geometry is None:
             return "Conv is not 2-D with a constant weight and explicit pads"
-        if any(int(d) != 1 for d in attributes.get("dilations", [1, 1])):
+        if any(d != 1 for d in geometry[2]):
             return "dilated Conv"
     if kind == "Gemm":
         if operation.inputs[1] is None or operation.inputs[1].value is None:
@@ -63,20 +63,12 @@ def gradient_unsupported(operation: Operation) -> str | None:
     return None
 
 
-def _conv_geometry(operation: Operation):
-    attributes = operation.attributes
-    auto_pad = attributes.get("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    pads = [int(v) for v in attributes.get("pads", [0, 0, 0, 0])] if auto_pad == "NOTSET" else [0, 0, 0, 0]
-    strides = [int(v) for v in attributes.get("strides", [1, 1])]
-    return pads, strides, int(attributes.get("group", 1))
-
-
 def conv_gradients(operation: Operation, x: np.ndarray, weight: np.ndarray, dy: np.ndarray):
     """(dx, dW) of a 2-D convolution (dilation 1) from its input, weight and output gradient.  Each image is a
     job of the kernel threads (its dx rows and its share of dW); the shares are summed in image order, so the
     result is the same whatever the number of threads."""
-    (top, left, bottom, right), (sh, sw), groups = _conv_geometry(operation)
+    (top, left, bottom, right), (sh, sw), _ = conv_geometry(operation, weight)
+    groups = int(operation.attributes.get("group", 1))
     n, c, h, w = x.shape
     o, cg, kh, kw = weight.shape
     og = o // groups

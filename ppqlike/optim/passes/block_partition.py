@@ -77,8 +77,8 @@ def partition(graph: Graph, order: list[Operation], layers: set[str], block_laye
 
 
 def shape_computations(order: list[Operation]) -> set[str]:
-    """The ops that compute shapes (Shape, and ops reading only shapes and constants): a block runs them and
-    no gradient reaches them."""
+    """The ops that compute shapes (Shape, and ops reading only shapes and constants): in no block (the walk runs
+    them), and their readers in none either."""
     shaped, names = set(), set()
     for operation in order:
         inputs = [v for v in operation.inputs if v is not None]

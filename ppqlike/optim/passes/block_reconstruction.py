@@ -264,7 +264,7 @@ class BlockReconstructionPass(SequentialReconstructionPass):
         rounders = {name: SoftRounding(operations[name], configs[name]) for name in block.layers}
         adams = {name: RoundingAdam(rounder, self.lr, self.lam) for name, rounder in rounders.items()}
         steps = self.steps if sum(nearest_losses) > 1e-24 else 0
-        start, done = int(self.warmup * steps), steps
+        start = int(self.warmup * steps)
         learning_began = time.perf_counter()
         t = 0
         while t < steps:
