@@ -12,7 +12,7 @@ import ppqlike
 from ppqlike.core.quant import QuantizationStates as S
 from ppqlike.executor.simulation import dequantized
 from ppqlike.optim.passes import AdaroundPass, SequentialReconstructionPass
-from ppqlike.optim.passes.adaround_rows import LayerStatistics, TargetStatistics
+from ppqlike.optim.passes.adaround_rows import LayerStatistics, RowHook, TargetStatistics
 from ppqlike.optim.setting import QuantizationSettingFactory
 from test_accuracy_passes import chain_model, data, prepared, run_passes
 
@@ -147,3 +147,82 @@ def test_best_reconstructs_where_the_weights_have_fewer_than_8_bits():
         assert apply_recipe(setting, platform)[0].reconstruction is expected
         setting.recipe = "balanced"
         assert apply_recipe(setting, platform)[0].reconstruction is False
+
+
+def _token_mlp(seed=0):
+    """x [N, 6, 8] -> MatMul [8, 16] + bias -> Relu -> MatMul [16, 8]: a transformer's MLP on tokens, the linear
+    layers as MatMuls with constant weights (as exporters write them)."""
+    from onnx import TensorProto, numpy_helper
+    rng = np.random.default_rng(seed)
+    spread = np.geomspace(0.1, 10.0, 16)
+    inits = [numpy_helper.from_array(np.asarray(a, np.float32), n) for n, a in (
+        ("w1", rng.standard_normal((8, 16)) * 0.4 * spread), ("b1", rng.standard_normal(16) * 0.1),
+        ("w2", rng.standard_normal((16, 8)) * 0.3 / spread[:, None]))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"], name="fc1"),
+             helper.make_node("Add", ["m1", "b1"], ["a1"], name="bias1"),
+             helper.make_node("Relu", ["a1"], ["r1"], name="relu"),
+             helper.make_node("MatMul", ["r1", "w2"], ["y"], name="fc2")]
+    graph = helper.make_graph(nodes, "token_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_matmul_weights_are_reconstructed_like_gemm_weights():
+    """A MatMul with a constant [K, N] weight is a rounding target of both passes: its rows are the last axis of
+    its input, its weight rounded no worse than nearest, and the output error falls."""
+    rng = np.random.default_rng(5)
+    batches = [rng.standard_normal((4, 6, 8)).astype(np.float32) for _ in range(4)]
+    errors = {}
+    for passes in ((), (SequentialReconstructionPass(samples=16, steps=200),)):
+        graph, policy = prepared(_token_mlp(), "ACADEMIC_W4A8")
+        _, reports = run_passes(graph, policy, batches, extra=passes, stop_before="baking")
+        errors[len(passes)] = _output_error(graph, batches)
+    assert reports["reconstruction"]["layers"] == reports["reconstruction"]["targets"] == 2
+    for name in ("fc1", "fc2"):
+        config = graph.operations[name].config.input_quantization_config[1]
+        assert config.state is S.BAKED and config.baked_value.shape == graph.operations[name].inputs[1].value.shape
+        detail = config.detail["reconstruction"]
+        assert detail["loss_" + detail["kept"]] <= detail["loss_nearest"] and detail["rows"] == 16 * 6
+    assert errors[1] < errors[0]
+    graph, policy = prepared(_token_mlp(), "ACADEMIC_W4A8")
+    _, reports = run_passes(graph, policy, batches, extra=(AdaroundPass(steps=100, verbose=False),))
+    assert reports["adaround"]["layers"] == 2 and reports["adaround"]["skipped"] == 0
+    graph, policy = prepared(_token_mlp(), "TRT_INT8")   # 8-bit MatMul weights keep nearest rounding
+    _, reports = run_passes(graph, policy, batches, extra=(AdaroundPass(steps=100, verbose=False),))
+    assert reports["adaround"]["layers"] == 0
+    assert {entry["reason"] for entry in reports["adaround"]["skipped_ops"]} == \
+        {"MatMul weight of 8 bits or more (nearest rounding)"}
+
+
+def test_fitted_steps_are_those_that_fit_in_the_time_given():
+    from ppqlike.optim.passes.adaround_rounding import PROBE_STEPS, fitted_steps
+    assert PROBE_STEPS == 8
+    assert fitted_steps(1000, 1.0, 0.08) == 100          # 0.01 s a step
+    assert fitted_steps(50, 1.0, 0.08) == 50             # at most the steps asked for
+    assert fitted_steps(1000, -3.0, 0.08) == PROBE_STEPS  # at least the probe
+
+
+def test_a_layer_in_no_block_runs_the_steps_its_share_of_time_holds():
+    """The token MLP's MatMuls are in no block (no gradient is known for MatMul): the block pass reconstructs them
+    one at a time; with no time to share each runs its probe steps only, with none given all its steps."""
+    from ppqlike.optim.passes.block_reconstruction import BlockReconstructionPass
+    from ppqlike.optim.passes.adaround_rounding import PROBE_STEPS, learn_rounding
+    rng = np.random.default_rng(6)
+    batches = [rng.standard_normal((4, 6, 8)).astype(np.float32) for _ in range(2)]
+    graph, policy = prepared(_token_mlp(), "ACADEMIC_W4A8")
+    _, reports = run_passes(graph, policy, batches, extra=(BlockReconstructionPass(samples=8, steps=120),))
+    assert reports["reconstruction"]["blocks"] == 0 and reports["reconstruction"]["layers"] == 2
+    assert [graph.operations[n].config.input_quantization_config[1].detail["reconstruction"]["steps_done"]
+            for n in ("fc1", "fc2")] == [120, 120]
+    graph, policy = prepared(_token_mlp(), "ACADEMIC_W4A8")
+    run_passes(graph, policy, batches, stop_before="baking")
+    operation = graph.operations["fc1"]
+    stat = TargetStatistics(operation, 0.5)
+    x = np.concatenate(batches)
+    rows = RowHook.rows_at(operation, x, np.arange(48))
+    stat.add(rows, rows)
+    config = operation.config.input_quantization_config[1]
+    _, facts = learn_rounding(stat, operation, config, steps=200, seconds=0.0)
+    assert facts["steps_done"] == PROBE_STEPS
+    _, facts = learn_rounding(stat, operation, config, steps=200)
+    assert facts["steps_done"] == 200

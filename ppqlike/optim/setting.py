@@ -23,7 +23,7 @@ from .ppq_setting import DispatchingTable, PPQSettingViews
 _OBSERVERS = ("minmax", "mean_minmax", "percentile", "kl", "entropy", "mse", "search", "auto")
 _DISPATCHERS = ("conservative", "aggressive", "pointwise", "allin")
 _EQUALIZATION_CLIP = ("exact", "skip")
-_RECIPES = ("plain", "balanced", "best")  # what each does: ppqlike.optim.recipe.RECIPES (a test keeps them equal)
+_RECIPES = ("plain", "balanced", "best")  # what each does: ppqlike.optim.recipe_table.RECIPES (a test keeps them equal)
 #: keys of settings saved by earlier versions -> today's field
 _RENAMED = {"mixed_precision_target_cosine": "accuracy_target"}
 
@@ -77,7 +77,7 @@ class QuantizationSetting(PPQSettingViews):
 
     ``recipe``: 'balanced' (the default: activation ranges chosen by the quantization error they cause),
     'plain' (the platform's own calibration) or 'best' (balanced plus learned rounding of the weights and
-    bias correction: minutes); see ppqlike.optim.recipe.RECIPES (a recipe fills what the other fields leave
+    bias correction: minutes); see ppqlike.optim.recipe_table.RECIPES (a recipe fills what the other fields leave
     to it).  ``time_budget_s``: wall seconds of the whole quantize_onnx_model call that the optional work may
     fill (None: the recipe's own): learned rounding stops at 60% of it (layers not yet done keep nearest
     rounding), the range search at 85%, bias correction at 100%; see ppqlike.optim.recipe.build_pipeline.
@@ -119,7 +119,8 @@ class QuantizationSetting(PPQSettingViews):
     the FP32 block output from the input the quantized network feeds each block, with QDrop's dropped
     quantization: ppqlike.optim.passes.block_reconstruction; ``reconstruction_samples`` calibration samples,
     ``reconstruction_steps`` Adam iterations per block, fewer where the time budget does not hold them;
-    layers in no block as ppqlike.optim.passes.reconstruction, ``adaround_samples`` rows each),
+    layers in no block (a transformer's MatMuls) as ppqlike.optim.passes.reconstruction, ``adaround_samples``
+    rows each, their steps fitted likewise),
     ``smooth_quant`` (SmoothQuant: LayerNorm output outliers moved into the next weights;
     ``smooth_quant_alpha`` the migration strength, None: chosen per LayerNorm on the calibration data),
     ``range_search`` (each per-tensor activation range chosen again by the error it causes at its

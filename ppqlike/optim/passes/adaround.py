@@ -66,7 +66,8 @@ The gradient goes through the clamp (zero where clamped) and the rectified
 sigmoid (zero where h is clipped), computed in numpy.
 
 Reads: ACTIVATED weight configs (scale, offset, range) of TARGET Conv (2-D,
-any group) and Gemm ops whose weight is a parameter read by that op alone;
+any group), Gemm and MatMul (a 2-D weight [K, N] as its second input, of
+fewer than 8 bits) ops whose weight is a parameter read by that op alone;
 with ``inputs='quantized'`` the calibrated activation configs too.
 Writes: the weight config's scale/offset (scale search; the PASSIVE bias
 follows it, S_input * S_weight), then ``config.baked_value`` = the weight
@@ -111,7 +112,7 @@ from ..base import QuantizationOptimizationPass, TimeBudget, iterate_calibration
 from ..distributed import longest_first_chunks, map_items
 from .adaround_rounding import (RoundingJob, layer_cost, learn_rounding, nearest_rounding, round_layers,
                                 search_weight_scale)
-from .adaround_rows import LayerStatistics, RowHook, conv_geometry
+from .adaround_rows import ROUNDING_TYPES, LayerStatistics, RowHook, conv_geometry
 
 __all__ = ["AdaroundPass", "learn_rounding", "nearest_rounding", "search_weight_scale"]
 
@@ -119,17 +120,22 @@ S = QuantizationStates
 
 
 def rounding_unsupported(operation: Operation, states: tuple = (S.ACTIVATED,)) -> str | None:
-    """Why ``operation``'s weight cannot be learned-rounded (None: it can): a Conv (2-D) or Gemm whose weight
-    is a parameter of its own, its config in one of ``states`` with a scale."""
-    if operation.type not in ("Conv", "Gemm") or len(operation.inputs) < 2:
-        return "not a Conv or Gemm"
+    """Why ``operation``'s weight cannot be learned-rounded (None: it can): a Conv (2-D), Gemm or MatMul (a 2-D
+    second input, fewer than 8 bits) whose weight is a parameter of its own, its config in one of ``states`` with
+    a scale."""
+    if operation.type not in ROUNDING_TYPES or len(operation.inputs) < 2:
+        return "not a Conv, Gemm or MatMul"
     weight = operation.inputs[1]
     if weight is None or not weight.is_parameter or any(c is not operation for c in weight.consumers):
         return "weight is not a parameter of its own"
+    if operation.type == "MatMul" and (weight.value.ndim != 2 or operation.inputs[0].is_parameter):
+        return "MatMul whose weight is not a 2-D second input"
     config = input_config(operation, 1)
     if config is None or config.state not in states or config.scale is None:
         return f"weight config is {None if config is None else config.state.name}, not " \
                f"{' or '.join(state.name for state in states)}"
+    if operation.type == "MatMul" and config.num_of_bits >= 8:   # measured: no gain for the time (RECIPES, round 18)
+        return "MatMul weight of 8 bits or more (nearest rounding)"
     if operation.type == "Gemm" and operation.attributes.get("transA", 0):
         return "Gemm with transA"
     if operation.type == "Conv" and conv_geometry(operation, weight.value) is None:
@@ -175,7 +181,7 @@ class AdaroundPass(QuantizationOptimizationPass):
         executor = executor or NumpyExecutor(graph)
         stats, skipped = {}, []
         for operation in configured_operations(graph):
-            if operation.type not in ("Conv", "Gemm"):
+            if operation.type not in ROUNDING_TYPES:
                 continue
             reason = rounding_unsupported(operation)
             if reason is None:

@@ -146,11 +146,25 @@ def search_weight_scale(stat: LayerStatistics, operation: Operation, config: Ten
     return {"clip_ratio": ratio, "scale_changed": bool(after < before)}
 
 
+#: steps a time-fitted optimization runs before its time per step is known (:func:`fitted_steps`)
+PROBE_STEPS = 8
+
+
+def fitted_steps(steps: int, seconds: float, probe_seconds: float) -> int:
+    """The steps (the probe's included) an optimization runs in ``seconds`` when its first ``PROBE_STEPS`` took
+    ``probe_seconds``: as many as fit, at most ``steps``, at least the probe."""
+    per_step = max(probe_seconds / PROBE_STEPS, 1e-9)
+    return int(min(steps, max(PROBE_STEPS, seconds / per_step)))
+
+
 def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQuantizationConfig,
                    steps: int = 500, lr: float = 3e-2, lam: float = 0.1, warmup: float = 0.2,
-                   beta: tuple = (20.0, 2.0), deadline: float = float("inf")) -> tuple[np.ndarray, dict]:
-    """Optimize the rounding of one layer; returns (weight as [G, O, K], facts).  At ``deadline`` (a
-    ``time.perf_counter()`` value) the iterations stop and the rounding reached so far is judged as at the end."""
+                   beta: tuple = (20.0, 2.0), deadline: float = float("inf"),
+                   seconds: float = float("inf")) -> tuple[np.ndarray, dict]:
+    """Optimize the rounding of one layer; returns (weight as [G, O, K], facts).  With ``seconds`` finite, the
+    steps are as many of ``steps`` as fit in it (:func:`fitted_steps`; the annealing follows them).  At
+    ``deadline`` (a ``time.perf_counter()`` value) the iterations stop and the rounding reached so far is
+    judged as at the end."""
     rounder = SoftRounding(operation, config)
     nearest = nearest_rounding(operation, config)
     nearest_loss = stat.loss(nearest)
@@ -160,15 +174,22 @@ def learn_rounding(stat: LayerStatistics, operation: Operation, config: TensorQu
     norm = 1.0 / nearest_loss
     adam = RoundingAdam(rounder, lr, lam, beta)
     start = int(warmup * steps)
-    done = steps
-    for t in range(steps):
+    began = time.perf_counter()
+    t = 0
+    while t < steps:
+        if t == PROBE_STEPS and seconds < float("inf"):
+            steps = fitted_steps(steps, seconds, time.perf_counter() - began)
+            start = int(warmup * steps)
+            if t >= steps:
+                break
         if t % 16 == 0 and time.perf_counter() >= deadline:
-            done = t
             break
         h, raw, sig = rounder.soft()
         approx, inside = rounder.weight(h)
         grad_w = stat.gradient(approx)
         adam.step(t, start, steps, grad_w * norm * rounder.scale * inside, h, raw, sig)
+        t += 1
+    done = t
     learned, _ = rounder.weight(rounder.hard())
     learned_loss = stat.loss(learned)
     h, _, _ = rounder.soft()

@@ -1,6 +1,7 @@
-"""The rows AdaRound reconstructs from: each Conv/Gemm's input rows at sampled output positions, kept as rows
-or as their Gram matrix X^T X (memory bounded by K^2), and the weight layouts shared with the rounding
-(``adaround.py``).  Weights are handled as [groups, out/group, K], the row layout of im2col."""
+"""The rows AdaRound reconstructs from: each Conv/Gemm/MatMul's input rows at sampled output positions, kept as
+rows or as their Gram matrix X^T X (memory bounded by K^2), and the weight layouts shared with the rounding
+(``adaround.py``).  Weights are handled as [groups, out/group, K], the row layout of im2col; a MatMul's
+weight [K, N] is a Gemm's without transB, its input rows the last axis of its first input."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ from ...core.quant import TensorQuantizationConfig
 from ...executor import OperationHook
 
 
+#: the op types whose weight rounding is learned, and those of them that multiply rows by a matrix
+ROUNDING_TYPES = frozenset({"Conv", "Gemm", "MatMul"})
+MATRIX_TYPES = frozenset({"Gemm", "MatMul"})
+
+
 # ------------------------------------------------------------------ layouts
 def as_groups(operation: Operation, array: np.ndarray) -> np.ndarray:
     """A weight-shaped array as [groups, out/g, K] (the row layout of im2col)."""
-    if operation.type == "Gemm":
+    if operation.type in MATRIX_TYPES:
         matrix = array if operation.attributes.get("transB", 0) else array.T        # [out, K]
         return matrix[None]
     group = int(operation.attributes.get("group", 1))
@@ -22,7 +28,7 @@ def as_groups(operation: Operation, array: np.ndarray) -> np.ndarray:
 
 
 def from_groups(operation: Operation, grouped: np.ndarray, shape: tuple) -> np.ndarray:
-    if operation.type == "Gemm":
+    if operation.type in MATRIX_TYPES:
         matrix = grouped[0]
         return matrix if operation.attributes.get("transB", 0) else matrix.T
     return grouped.reshape(shape)
@@ -144,8 +150,8 @@ class RowHook(OperationHook):
 
     def sample_positions(self, operation: Operation, x: np.ndarray):
         """``per_batch`` output positions of ``operation`` on input ``x``, drawn without replacement."""
-        if operation.type == "Gemm":
-            count = x.shape[0]
+        if operation.type in MATRIX_TYPES:
+            count = int(np.prod(x.shape[:-1]))
             return np.sort(self.rng.choice(count, size=min(count, self.per_batch), replace=False))
         pads, strides, dilations = conv_geometry(operation, operation.inputs[1].value)
         kh, kw = operation.inputs[1].value.shape[2:]
@@ -159,8 +165,8 @@ class RowHook(OperationHook):
     @staticmethod
     def rows_at(operation: Operation, x: np.ndarray, indices) -> np.ndarray:
         """The sampled rows as [G, r, K] float64."""
-        if operation.type == "Gemm":
-            return x[indices].astype(np.float64)[None]
+        if operation.type in MATRIX_TYPES:
+            return x.reshape(-1, x.shape[-1])[indices].astype(np.float64)[None]
         weight = operation.inputs[1].value
         group = int(operation.attributes.get("group", 1))
         kh, kw = weight.shape[2:]

@@ -19,12 +19,14 @@ value with probability ``drop`` on every step (QDrop); the rounding's gradient p
 value lies inside its grid (straight-through).  Each step takes ``batch`` of the walked samples and, where every
 op of the block is local, a random window of its input whose outputs are about ``crop`` positions a side (the
 FP32 target computed on the same window).  A block runs ``steps`` steps, fewer where the time per step its first
-``PROBE_STEPS`` show will not fit its equal share of the time left before ``time_budget``.
+``PROBE_STEPS`` show will not fit its equal share of the time left before ``time_budget`` (each block and each
+layer in no block is a share).
 
 A block keeps whichever of the learned rounding, the rounding it came with (``adaround``'s, learned on FP32
 inputs) and nearest rounding has the smaller loss on all walked samples with nothing dropped: the pass never
 makes a block's output worse there.  Layers outside trainable blocks are reconstructed one at a time as in the
-sequential reconstruction.
+sequential reconstruction, their steps fitted to their share of time likewise (a transformer's MatMuls, which
+no block holds, are most of its layers).
 
 Reads: as the sequential reconstruction (weight configs ACTIVATED or BAKED, calibrated activation configs).
 Writes: ``config.baked_value``, state BAKED, ``config.detail['reconstruction']`` of each layer.  Stops at
@@ -44,7 +46,7 @@ from ...core.quant import QuantizationStates, TensorQuantizationConfig
 from ...core.quant_graph import input_config, output_config
 from ...executor import NumpyExecutor
 from ...executor.simulation import apply_config
-from .adaround_rounding import RoundingAdam, SoftRounding, nearest_rounding
+from .adaround_rounding import PROBE_STEPS, RoundingAdam, SoftRounding, fitted_steps, nearest_rounding
 from .adaround_rows import RowHook, as_groups, from_groups
 from .block_gradients import LOCAL_TYPES, input_gradients
 from .block_partition import Block, partition
@@ -52,8 +54,6 @@ from .reconstruction import SequentialReconstructionPass, reconstruction_targets
 from .walk import Walk, walk_inputs
 
 S = QuantizationStates
-#: steps a block runs before its time per step is known (the rest of its steps follow from its share of time)
-PROBE_STEPS = 8
 
 
 def _straight_through(config: TensorQuantizationConfig, raw: np.ndarray, quantized: np.ndarray) -> np.ndarray:
@@ -104,16 +104,20 @@ class BlockReconstructionPass(SequentialReconstructionPass):
                                                  "reconstruction data"))
         sampler, rng = RowHook({}, self.rows, self.seed), np.random.default_rng(self.seed)
         layers, block_facts, budget_spent = [], [], False
+        units = len(blocks) + len(targets - in_blocks)   # each block and each layer in none: an equal share
+
+        def share() -> float:
+            return (deadline - time.perf_counter()) / max(units - len(block_facts) - len(layers), 1)
+
         for operation in tqdm(order, desc="block reconstruction", disable=not self.verbose, leave=False):
             if not budget_spent and time.perf_counter() >= deadline:
                 budget_spent = True
             if operation.name in starts and not budget_spent:
-                share = (deadline - time.perf_counter()) / (len(blocks) - len(block_facts))
                 block_facts.append(self._reconstruct_block(starts[operation.name], walk, executor, rng, deadline,
-                                                           share))
+                                                           share()))
             float_results = walk.run_float(operation)
             if operation.name in targets and operation.name not in in_blocks and not budget_spent:
-                layers.append(self._reconstruct(operation, walk, sampler, deadline))
+                layers.append(self._reconstruct(operation, walk, sampler, deadline, share()))
             walk.finish(operation, float_results, walk.run_quantized(operation))
         kept = [facts["kept"] for facts in block_facts]
         return {"blocks": len(block_facts), "block_layers": sum(len(b.layers) for b in blocks),
@@ -269,10 +273,11 @@ class BlockReconstructionPass(SequentialReconstructionPass):
         t = 0
         while t < steps:
             if t == PROBE_STEPS and share < float("inf"):   # the block's steps: as many as its share of time holds
-                per_step = (time.perf_counter() - learning_began) / PROBE_STEPS
-                left = share - (learning_began - begin) - 2 * evaluation
-                steps = int(min(steps, max(PROBE_STEPS, left / per_step)))
+                steps = fitted_steps(steps, share - (learning_began - begin) - 2 * evaluation,
+                                     time.perf_counter() - learning_began)
                 start = int(self.warmup * steps)
+                if t >= steps:
+                    break
             if t % 16 == 0 and time.perf_counter() >= deadline:
                 break
             picked = np.sort(rng.choice(count, size=min(self.batch, count), replace=False))

@@ -1,4 +1,4 @@
-"""Sequential reconstruction: each Conv/Gemm's weight rounding learned, layer after layer, against the FP32
+"""Sequential reconstruction: each Conv/Gemm/MatMul's weight rounding learned, layer after layer, against the FP32
 model's output from the input the quantized network feeds it (QDrop's dropped quantization, in expectation).
 
 Learned rounding on FP32 inputs (``adaround.py``) makes each layer reproduce its own output; the errors of
@@ -18,7 +18,7 @@ A layer keeps whichever of the rounding learned here, nearest rounding and the r
 rows: the pass never makes a layer's reconstruction worse.  The weight ranges are the ones the layer came
 with (the biases' PASSIVE configs were derived from them).
 
-Reads: ACTIVATED or BAKED weight configs of Conv (2-D) / Gemm ops (``adaround.rounding_unsupported``), the
+Reads: ACTIVATED or BAKED weight configs of Conv (2-D) / Gemm / MatMul ops (``adaround.rounding_unsupported``), the
 calibrated activation configs (after calibration, alignment and the passive pass).  Writes:
 ``config.baked_value`` and state BAKED; ``config.detail['reconstruction']``.  Stops at ``time_budget``: the
 layers not reached keep the rounding they had.
@@ -39,7 +39,7 @@ from ...executor import NumpyExecutor
 from ..base import QuantizationOptimizationPass, TimeBudget
 from .adaround import rounding_unsupported
 from .adaround_rounding import learn_rounding, nearest_rounding
-from .adaround_rows import RowHook, TargetStatistics, as_groups, from_groups
+from .adaround_rows import MATRIX_TYPES, RowHook, TargetStatistics, as_groups, from_groups
 from .walk import Walk, walk_inputs
 
 S = QuantizationStates
@@ -49,12 +49,12 @@ ROW_CHUNK = 512
 
 
 def reconstruction_targets(graph: Graph) -> set[str]:
-    """The Conv/Gemm ops whose weight rounding a reconstruction learns (ACTIVATED or BAKED weight configs)."""
+    """The Conv/Gemm/MatMul ops whose weight rounding a reconstruction learns (ACTIVATED or BAKED weight configs)."""
     return {op.name for op in configured_operations(graph) if rounding_unsupported(op, (S.ACTIVATED, S.BAKED)) is None}
 
 
 class SequentialReconstructionPass(QuantizationOptimizationPass):
-    """Learn each Conv/Gemm's weight rounding against the FP32 output, from the quantized network's input
+    """Learn each Conv/Gemm/MatMul's weight rounding against the FP32 output, from the quantized network's input
     (module docstring).  ``samples``: calibration samples walked (one batch); ``rows``: output positions per
     layer; ``steps``, ``lr``, ``lam``, ``warmup``: AdaRound's optimization; ``drop``: QDrop's probability of
     an input element taking its FP32 value; ``time_budget``: a TimeBudget, seconds or None."""
@@ -105,20 +105,23 @@ class SequentialReconstructionPass(QuantizationOptimizationPass):
         float_input = walk.arguments(operation, walk.float_values)[0]
         positions = sampler.sample_positions(operation, quantized_input)
         stat = TargetStatistics(operation, self.drop)
-        count = len(positions) if operation.type == "Gemm" else len(positions[0])
+        matrix = operation.type in MATRIX_TYPES
+        count = len(positions) if matrix else len(positions[0])
         for begin in range(0, count, ROW_CHUNK):
-            chunk = positions[begin:begin + ROW_CHUNK] if operation.type == "Gemm" else \
+            chunk = positions[begin:begin + ROW_CHUNK] if matrix else \
                 tuple(p[begin:begin + ROW_CHUNK] for p in positions)
             stat.add(RowHook.rows_at(operation, quantized_input, chunk), RowHook.rows_at(operation, float_input, chunk))
         return stat
 
-    def _reconstruct(self, operation: Operation, walk: Walk, sampler: RowHook, deadline: float) -> dict:
-        """Learn, compare and bake one layer's rounding; returns its facts."""
+    def _reconstruct(self, operation: Operation, walk: Walk, sampler: RowHook, deadline: float,
+                     seconds: float = float("inf")) -> dict:
+        """Learn, compare and bake one layer's rounding, its steps fitted to ``seconds`` (inf: ``steps``);
+        returns its facts."""
         begin = time.perf_counter()
         stat = self._statistics(operation, walk, sampler)
         config = input_config(operation, 1)
         learned, facts = learn_rounding(stat, operation, config, self.steps, self.lr, self.lam, self.warmup,
-                                        deadline=deadline)
+                                        deadline=deadline, seconds=seconds - (time.perf_counter() - begin))
         losses = {"learned": facts["learned_loss"], "nearest": facts["nearest_loss"]}   # (learn_rounding's)
         previous = None
         if config.state is S.BAKED and config.baked_value is not None:
