@@ -110,13 +110,16 @@ class BlockReconstructionPass(SequentialReconstructionPass):
             return (deadline - time.perf_counter()) / max(units - len(block_facts) - len(layers), 1)
 
         for operation in tqdm(order, desc="block reconstruction", disable=not self.verbose, leave=False):
-            if not budget_spent and time.perf_counter() >= deadline:
-                budget_spent = True
-            if operation.name in starts and not budget_spent:
+            if len(block_facts) + len(layers) == units:
+                break   # every block and layer done: nothing downstream to walk for
+            if time.perf_counter() >= deadline:
+                budget_spent = True   # the blocks and layers left keep their rounding: no need to walk further
+                break
+            if operation.name in starts:
                 block_facts.append(self._reconstruct_block(starts[operation.name], walk, executor, rng, deadline,
                                                            share()))
             float_results = walk.run_float(operation)
-            if operation.name in targets and operation.name not in in_blocks and not budget_spent:
+            if operation.name in targets and operation.name not in in_blocks:
                 layers.append(self._reconstruct(operation, walk, sampler, deadline, share()))
             walk.finish(operation, float_results, walk.run_quantized(operation))
         kept = [facts["kept"] for facts in block_facts]

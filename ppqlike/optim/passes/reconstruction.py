@@ -84,12 +84,14 @@ class SequentialReconstructionPass(QuantizationOptimizationPass):
         sampler = RowHook({}, self.rows, self.seed)
         layers, budget_spent = [], False
         for operation in tqdm(graph.topological_sort(), desc="reconstruction", disable=not self.verbose, leave=False):
+            if len(layers) == len(targets):
+                break   # every layer done: nothing downstream to walk for
+            if operation.name in targets and time.perf_counter() >= deadline:
+                budget_spent = True   # the layers left keep their rounding: no need to walk further
+                break
             float_results = walk.run_float(operation)
-            if operation.name in targets and not budget_spent:
-                if time.perf_counter() >= deadline:
-                    budget_spent = True
-                else:
-                    layers.append(self._reconstruct(operation, walk, sampler, deadline))
+            if operation.name in targets:
+                layers.append(self._reconstruct(operation, walk, sampler, deadline))
             walk.finish(operation, float_results, walk.run_quantized(operation))
         kept = [layer["kept"] for layer in layers]
         return {"layers": len(layers), "targets": len(targets), "samples": self.samples, "drop": self.drop,
