@@ -1,5 +1,7 @@
 """The optional accuracy passes: equalization, bias correction, learned rounding, threshold search, mixed precision."""
 
+import time
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -321,8 +323,21 @@ def test_bias_correction_draws_no_batch_past_its_deadline():
         _, passes = run_passes(graph, policy, batches, [correction], stop_before=None)
         reports[budget] = passes["bias_correction"]
     assert reports[None]["batches"] == 3 and not reports[None]["budget_spent"]
-    assert reports[0.0]["batches"] == 1 and reports[0.0]["budget_spent"]   # one measured, none after
-    assert reports[0.0]["corrected"] == reports[None]["corrected"] > 0
+    # a budget spent before the pass starts: nothing measured, nothing corrected (the wall time is the user's)
+    assert reports[0.0]["batches"] == 0 and reports[0.0]["budget_spent"] and reports[0.0]["corrected"] == 0
+
+    def slow_second(items):   # the deadline passes while the second batch is read
+        for index, batch in enumerate(items):
+            if index == 1:
+                time.sleep(1.2)
+            yield batch
+
+    graph, policy = prepared(no_bias_model(), "TRT_INT8")
+    executor, _ = run_passes(graph, policy, batches, stop_before="bias_correction")
+    report = BiasCorrectionPass(new_bias=None, verbose=False, time_budget=1.0).optimize(
+        graph, executor=executor, dataloader=slow_second(batches), calib_steps=3)
+    assert report["batches"] == 2 and report["budget_spent"]   # the batch read past it is measured, none after
+    assert report["corrected"] == reports[None]["corrected"] > 0
 
 
 def test_bias_correction_reads_no_batch_once_its_samples_are_measured():

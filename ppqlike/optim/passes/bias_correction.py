@@ -224,8 +224,8 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
     ``calib_steps``); ``samples``: no batch is read once that many samples are
     measured (None: no such limit).  ``new_bias``: 'int32', 'float' or None (decide from
     the graph) for the config of a bias the pass has to create.  ``time_budget``
-    (a TimeBudget, seconds or None): no batch is started past its deadline once
-    one has been measured (the mean error is then taken over fewer batches).  ``checked_on``: the output
+    (a TimeBudget, seconds or None): no batch is started past its deadline (the mean error is then taken
+    over fewer batches; past it at the start, nothing is corrected).  ``checked_on``: the output
     error (1 - cosine against FP32) is measured before and after on that many samples (the held-aside batches
     where the pipeline has them, else the calibration data) and the corrections are undone unless it fell:
     a mean shift fitted on a few samples is not safe on every family (a text detector's probability map).
@@ -299,11 +299,15 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
         deltas, skipped = self._targets(graph)
         if not deltas:
             return {"corrected": 0, "skipped": len(skipped), "ops": [], "skipped_ops": skipped}
+        deadline = self.time_budget.deadline()
+        if time.perf_counter() >= deadline:   # the passes before spent the budget: the wall time is the user's
+            return {"corrected": 0, "batches": 0, "budget_spent": True, "skipped": len(skipped), "ops": [],
+                    "skipped_ops": skipped}
         if kwargs.get("references") is not None:   # the FP32 references, before a float bias changes
             kwargs["references"].keep()
         hook = _ErrorHook(executor, deltas) if self.scope == "weights" else self._layer_hook(graph, executor, deltas)
         steps = self.steps if self.steps is not None else calib_steps
-        batches, samples, budget_spent, deadline = 0, 0, False, self.time_budget.deadline()
+        batches, samples, budget_spent = 0, 0, False
         for batch in iterate_calibration(dataloader, steps, collate_fn, "bias correction", self.verbose):
             if self.scope == "weights":
                 executor.forward(batch, hooks=[hook])
