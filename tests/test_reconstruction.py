@@ -117,18 +117,25 @@ def test_the_pass_bakes_every_layer_no_worse_than_nearest_and_lowers_the_output_
     assert errors[1] < errors[0]
 
 
-def test_a_layer_never_leaves_worse_than_the_rounding_it_came_with_and_the_pass_stops_at_its_budget():
+def spent_and_after_adaround(spent, learned) -> tuple[dict, dict]:
+    """The reports of a reconstruction pass ``spent`` run with its budget spent, and of AdaRound then ``learned``
+    on the W4A8 chain model, asserting every layer after ``learned`` is no worse than the rounding AdaRound left
+    it and than nearest rounding."""
     batches = data(batches=2, seed=4)
     graph, policy = prepared(chain_model(), "ACADEMIC_W4A8")
-    _, reports = run_passes(graph, policy, batches,
-                            extra=(SequentialReconstructionPass(samples=8, steps=50, time_budget=0.0),))
-    assert reports["reconstruction"]["layers"] == 0 and reports["reconstruction"]["budget_spent"]
+    _, spent_reports = run_passes(graph, policy, batches, extra=(spent,))
     graph, policy = prepared(chain_model(), "ACADEMIC_W4A8")
-    _, reports = run_passes(graph, policy, batches, extra=(AdaroundPass(steps=100, verbose=False),
-                                                           SequentialReconstructionPass(samples=8, steps=20)))
-    assert reports["adaround"]["layers"] == reports["reconstruction"]["layers"] == 5
+    _, reports = run_passes(graph, policy, batches, extra=(AdaroundPass(steps=100, verbose=False), learned))
     for detail in layer_details(graph):
         assert detail["loss_" + detail["kept"]] <= min(detail["loss_previous"], detail["loss_nearest"])
+    return spent_reports, reports
+
+
+def test_a_layer_never_leaves_worse_than_the_rounding_it_came_with_and_the_pass_stops_at_its_budget():
+    spent, reports = spent_and_after_adaround(SequentialReconstructionPass(samples=8, steps=50, time_budget=0.0),
+                                              SequentialReconstructionPass(samples=8, steps=20))
+    assert spent["reconstruction"]["layers"] == 0 and spent["reconstruction"]["budget_spent"]
+    assert reports["adaround"]["layers"] == reports["reconstruction"]["layers"] == 5
 
 
 def test_the_setting_runs_it_after_calibration():

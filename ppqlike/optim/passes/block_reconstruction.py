@@ -50,7 +50,7 @@ from .adaround_rounding import PROBE_STEPS, RoundingAdam, SoftRounding, fitted_s
 from .adaround_rows import RowHook, as_groups, from_groups
 from .block_gradients import LOCAL_TYPES, input_gradients
 from .block_partition import Block, partition
-from .reconstruction import SequentialReconstructionPass, reconstruction_targets
+from .reconstruction import SequentialReconstructionPass, kept_rounding, reconstruction_targets
 from .walk import Walk, walk_inputs
 
 S = QuantizationStates
@@ -319,7 +319,7 @@ class BlockReconstructionPass(SequentialReconstructionPass):
         for name in ("learned", "previous"):
             if name in candidates:
                 losses[name] = sum(self._losses(block, candidates[name], quantized_inputs, targets, executor))
-        kept = min(losses, key=lambda name: (losses[name], name != "previous"))
+        kept = kept_rounding(losses)
         for name in block.layers:
             config = configs[name]
             config.baked_value = candidates[kept][name]

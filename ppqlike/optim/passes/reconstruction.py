@@ -53,6 +53,12 @@ def reconstruction_targets(graph: Graph) -> set[str]:
     return {op.name for op in configured_operations(graph) if rounding_unsupported(op, (S.ACTIVATED, S.BAKED)) is None}
 
 
+def kept_rounding(losses: dict[str, float]) -> str:
+    """Which rounding ('learned', 'previous', 'nearest') a layer or block keeps: the one of least loss, a tie
+    keeping what was there ('previous')."""
+    return min(losses, key=lambda name: (losses[name], name != "previous"))
+
+
 class SequentialReconstructionPass(QuantizationOptimizationPass):
     """Learn each Conv/Gemm/MatMul's weight rounding against the FP32 output, from the quantized network's input
     (module docstring).  ``samples``: calibration samples walked (one batch); ``rows``: output positions per
@@ -129,7 +135,7 @@ class SequentialReconstructionPass(QuantizationOptimizationPass):
         if config.state is S.BAKED and config.baked_value is not None:
             previous = as_groups(operation, np.asarray(config.baked_value, np.float64))
             losses["previous"] = stat.loss(previous)
-        kept = min(losses, key=lambda name: (losses[name], name != "previous"))   # a tie keeps what was there
+        kept = kept_rounding(losses)
         weight = {"learned": learned, "previous": previous}.get(kept)
         if weight is None:
             weight = nearest_rounding(operation, config)
