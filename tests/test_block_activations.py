@@ -18,6 +18,7 @@ from ppqlike.core.patterns import find_transformer_blocks
 from ppqlike.core.quant_graph import governing_config
 from ppqlike.export import build_qdq_model
 from ppqlike.io.load import load_graph
+from ppqlike.optim.passes.calibration import terminal_tensors
 from ppqlike.optim.setting import QuantizationSettingFactory
 from ppqlike.platforms.policies import PLATFORM_POLICIES
 from ppqlike.platforms.target import TargetPlatform
@@ -60,11 +61,14 @@ SPELLINGS = {"hard_swish_div": (4, "hard_swish"), "hard_swish_scaled": (4, "hard
              "mish_exp_log": (5, "mish")}
 
 
-def _model(spelling: str):
-    """Conv -> activation -> Conv on NCHW images (opset 14: HardSwish exists)."""
+def _model(spelling: str, layers: int = 2):
+    """Conv -> activation -> Conv on NCHW images (opset 14: HardSwish exists); with ``layers`` 3, one more Conv
+    (the second one's weights again) after the second."""
     nodes, constants = _spelling(spelling)
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1, 1, 1]), *nodes,
-             helper.make_node("Conv", ["a", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])]
+    tail = [helper.make_node("Conv", ["a", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])] if layers == 2 else \
+        [helper.make_node("Conv", ["a", "w2", "b2"], ["z"], pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["z", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1, 1, 1]), *nodes, *tail]
     initializers = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in {**WEIGHTS, **constants}.items()]
     return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 12, 12])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", CHANNELS, 12, 12])],
@@ -157,3 +161,31 @@ def test_two_blocks_side_by_side_are_two_blocks():
     assert Counter(b.kind for b in blocks) == {"Activation": 2}
     assert max(Counter(name for b in blocks for name in b.operations).values()) == 1
 
+
+
+@pytest.mark.parametrize("platform", ["ORT_INT8", "TPU_INT8"])
+@pytest.mark.parametrize("spelling", ["hard_swish_div", "silu"])
+def test_an_activation_blocks_input_is_not_terminal_and_its_range_is_chosen_apart(platform, spelling):
+    """The Conv output a written-out activation reads is read by the block's float ops only, yet the next Conv
+    reads what the block computes from it: it is not terminal (terminal tensors take min-max in balanced) but
+    read through float ops, and the observer choice tries min-max on it apart, keeping it only where the
+    output error falls (``read_through_float`` in the calibration report)."""
+    model = _model(spelling, layers=3)   # balanced keeps the op writing the output in float
+    graph = api.quantize_onnx_model(model, CALIB, platform=platform)
+    terminal, read_through_float = terminal_tensors(graph)
+    assert "y" in terminal and "h" not in terminal and "h" in read_through_float   # (and the block's inner tensors)
+    assert "a" not in terminal | read_through_float   # the next Conv reads it quantized
+    report = next(p["report"] for p in graph.metadata["quantization"]["passes"] if p["name"] == "calibration")
+    chosen, apart = report["observer_chosen"], report.get("read_through_float")
+    conv = next(op for op in graph.operations.values() if op.outputs[0].name == "h")
+    config = conv.config.output_quantization_config[0]
+    assert config.observer_algorithm == "auto"
+    if chosen == "minmax":   # nothing to try apart
+        assert apart is None
+        return
+    assert apart["tensors"] == 1
+    assert apart["kept"] == ("minmax" if apart["minmax_error"] < report["observer_errors"][chosen] else chosen)
+    if apart["kept"] == "minmax":   # the whole calibration range of h, unclipped
+        h = run_executor(model, {"x": np.concatenate(CALIB)}, output_names=["h"])[0]
+        top = (config.quant_max - float(config.offset)) * float(config.scale)
+        assert top >= h.max() - float(config.scale)

@@ -95,39 +95,54 @@ def observer_hook(observers: list) -> _ObserverHook:
     return _ObserverHook(inputs_watch, outputs_watch)
 
 
-def _terminal(variable, graph_outputs: set[str]) -> bool:
-    """Whether no quantized computation reads ``variable``: it is a graph output, or each reader leaves it
-    float, or is a value-preserving op (Reshape, Flatten, ...) or an Add/Sub/Mul/Div of a constant (the bias
-    of a MatMul classifier) whose result is itself terminal."""
-    if variable.name in graph_outputs:
-        return True
-    for reader in variable.consumers:
-        configs = [input_config(reader, i) for i, v in enumerate(reader.inputs) if v is variable]
-        if all(c is None or c.state in (S.FP32, S.SOI, S.DEACTIVATED) for c in configs):
-            continue
-        passes_through = reader.type in VALUE_PRESERVING_TYPES or (
-            reader.type in AFFINE_TYPES and all(v is variable or (v is not None and v.is_parameter)
-                                                 for v in reader.inputs))
-        if passes_through and all(_terminal(out, graph_outputs) for out in reader.outputs):
-            continue
-        return False
-    return True
+def terminal_tensors(graph: Graph) -> tuple[set[str], set[str]]:
+    """(terminal, read through float ops): the tensors no quantized computation reads, directly or through float
+    ops (a graph output; a tensor each of whose readers reads it float - its input config FP32, SOI or
+    deactivated - or passes it on - Reshape, Flatten, ...; an Add/Sub/Mul/Div of a constant: the bias of a
+    MatMul classifier - and writes only terminal tensors), and those whose readers all read them float or
+    pass them on while something quantized reads what they write: the input of a written-out HardSwish or SiLU,
+    read by the block's float Add and Mul, whose result the next convolution reads."""
+    outputs, terminal, float_read = {v.name for v in graph.outputs}, set(), set()
+    for operation in reversed(graph.topological_sort()):   # readers before the ops writing what they read
+        for variable in operation.outputs:
+            if variable.name in outputs:
+                terminal.add(variable.name)
+                continue
+            readers = [_reading(reader, variable) for reader in variable.consumers]
+            if all((float_read or passes) and all(out.name in terminal for out in reader.outputs)
+                   for reader, (float_read, passes) in zip(variable.consumers, readers)):
+                terminal.add(variable.name)
+            elif all(reads or (passes and all(out.name in terminal | float_read for out in reader.outputs))
+                     for reader, (reads, passes) in zip(variable.consumers, readers)):
+                float_read.add(variable.name)
+    return terminal, float_read
 
 
-def choose_terminal_observers(graph: Graph, observer: str) -> int:
+def _reading(reader: Operation, variable) -> tuple[bool, bool]:
+    """(whether ``reader`` reads ``variable`` float, whether it passes it on unchanged or by a constant)."""
+    configs = [input_config(reader, i) for i, v in enumerate(reader.inputs) if v is variable]
+    reads_float = all(c is None or c.state in (S.FP32, S.SOI, S.DEACTIVATED) for c in configs)
+    passes_through = reader.type in VALUE_PRESERVING_TYPES or (
+        reader.type in AFFINE_TYPES and all(v is variable or (v is not None and v.is_parameter)
+                                             for v in reader.inputs))
+    return reads_float, passes_through
+
+
+def choose_terminal_observers(graph: Graph, observer: str) -> tuple[int, set[str]]:
     """Give ``observer`` to the output configs to calibrate whose tensors are terminal (see
-    :func:`_terminal`): what such a tensor loses to clipping reaches the outputs directly, with no layer
-    after it to average the error away, so it wants a range that keeps its extremes (a classifier's top
-    logit, a probability near 1) where other tensors take the recipe's observer.  Returns how many."""
-    outputs, changed = {v.name for v in graph.outputs}, 0
+    :func:`terminal_tensors`): what such a tensor loses to clipping reaches the outputs directly, with no
+    layer after it to average the error away, so it wants a range that keeps its extremes (a classifier's top
+    logit, a probability near 1) where other tensors take the recipe's observer.  Returns how many, and the
+    names of the tensors read through float ops only, whose range the observer choice decides apart."""
+    (terminal, float_read), changed = terminal_tensors(graph), 0
     for operation in configured_operations(graph):
         for index, variable in enumerate(operation.outputs):
             config = output_config(operation, index)
             if config is not None and config.state is S.INITIAL and config.observer_algorithm != "unit" \
-                    and _terminal(variable, outputs):
+                    and variable.name in terminal:
                 config.observer_algorithm = observer
                 changed += 1
-    return changed
+    return changed, float_read
 
 
 def observe_shard(graph: Graph, batches: Iterable) -> list:
@@ -192,13 +207,15 @@ def _half_point(batches: list) -> int:
 
 
 def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, held_aside, first_batches,
-                      unsigned: bool, float_references=None) -> dict:
+                      unsigned: bool, float_references=None, read_through_float=()) -> dict:
     """For the 'auto' observers (observers/choice.py): render every one with each candidate in turn, measure
     the output error (1 - mean per-sample cosine against FP32) on up to CHOICE_SAMPLES calibration samples
     (held-aside ones first), and keep the candidate with the smaller error.  A candidate whose error on the
     first half of the samples is CHOICE_DROP_RATIO times the best one's or more is not measured on the second
     (its error is reported on the first half); when one candidate is left, the second half is not measured
-    (nor run in float).  Returns what was measured."""
+    (nor run in float).  Then the tensors read through float ops only (``read_through_float``: the inputs of
+    written-out activations) are tried with min-max on the samples the chosen one was measured on, and keep
+    it where the error falls.  Returns what was measured."""
     choosing = [observer for _, observer, *_ in observers if isinstance(observer, ChoiceObserver)]
     if not choosing:
         return {}
@@ -207,17 +224,15 @@ def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, he
         return {"observer_chosen": choosing[0].chosen, "observer_errors": {}}
     half = _half_point(batches)
     cosines = {name: [] for name in choosing[0].candidates}
-    errors, measured, measured_on = {}, list(cosines), 0
+    errors, measured, measured_on, references = {}, list(cosines), 0, []
     for start, stop in ((0, half), (half, len(batches))):
         if stop <= start or (start > 0 and len(measured) == 1):
             break
-        references = references_of(batches[start:stop], graph, executor, float_references)
+        references += references_of(batches[start:stop], graph, executor, float_references)
         for name in measured:
-            for observer in choosing:
-                observer.choose(name)
-                render(observer, unsigned)
+            _choose(choosing, name, unsigned)
             cosines[name] += [sample_cosines(executor.forward(batch), reference)
-                              for batch, reference in zip(batches[start:stop], references)]
+                              for batch, reference in zip(batches[start:stop], references[start:stop])]
             error = float(1.0 - np.mean(np.concatenate(cosines[name])))
             errors[name] = error if error == error else float("inf")
         measured_on += sum(sample_count(batch) for batch in batches[start:stop])
@@ -225,12 +240,27 @@ def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, he
             least = min(errors.values())
             measured = [name for name in measured if errors[name] < CHOICE_DROP_RATIO * least or errors[name] == least]
     best = min(measured, key=lambda name: errors[name])   # the first of equals: the candidates' order
-    for observer in choosing:
-        observer.choose(best)
+    _choose(choosing, best, unsigned)
+    report = {"observer_chosen": best, "observer_errors": {k: round(v, 6) for k, v in errors.items()},
+              "observer_chosen_on": int(measured_on),
+              "observer_dropped_at_half": [name for name in cosines if name not in measured]}
+    apart = [observer for observer in read_through_float if isinstance(observer, ChoiceObserver)]
+    if apart and best != "minmax" and "minmax" in cosines:
+        _choose(apart, "minmax", unsigned)
+        count = len(cosines[best])
+        error = float(1.0 - np.mean(np.concatenate([sample_cosines(executor.forward(batch), reference)
+                                                    for batch, reference in zip(batches[:count], references)])))
+        kept = "minmax" if error < errors[best] else best
+        _choose(apart, kept, unsigned)
+        report["read_through_float"] = {"tensors": len(apart), "minmax_error": round(error, 6), "kept": kept}
+    return report
+
+
+def _choose(observers: list, name: str, unsigned: bool) -> None:
+    """Give every one of ``observers`` its candidate ``name``'s range."""
+    for observer in observers:
+        observer.choose(name)
         render(observer, unsigned)
-    return {"observer_chosen": best, "observer_errors": {k: round(v, 6) for k, v in errors.items()},
-            "observer_chosen_on": int(measured_on),
-            "observer_dropped_at_half": [name for name in cosines if name not in measured]}
 
 
 def _leading_batches(batches: Iterable, search_batches: int, choosing: bool) -> list:
@@ -267,7 +297,8 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
     def optimize(self, graph: Graph, executor: NumpyExecutor | None = None, dataloader: Iterable | None = None,
                  calib_steps: int | None = None, collate_fn: Callable | None = None, **kwargs) -> dict:
         executor = executor or NumpyExecutor(graph)
-        terminal = choose_terminal_observers(graph, self.terminal_observer) if self.terminal_observer else 0
+        terminal, float_read = choose_terminal_observers(graph, self.terminal_observer) if self.terminal_observer \
+            else (0, set())
         observers = watched_observers(graph)
         if not observers:
             return {"observed": 0}
@@ -304,8 +335,10 @@ class RuntimeCalibrationPass(QuantizationOptimizationPass):
         for config, observer, operation, side, index in observers:
             render(observer, self.unsigned_non_negative)
             config.state = S.ACTIVATED
+        read_through_float = [observer for config, observer, operation, side, index in observers
+                              if side == "output" and operation.outputs[index].name in float_read]
         choice = _choose_observers(graph, executor, observers, kwargs.get("held_aside"), first_batches,
-                                   self.unsigned_non_negative, kwargs.get("references"))
+                                   self.unsigned_non_negative, kwargs.get("references"), read_through_float)
         return {"observed": len(observers), "searched": searched, "backend": self.backend, **workers_report,
                 "terminal_observers": terminal, **choice,
                 "observer_bytes": int(sum(o.state_nbytes for _, o, *_ in observers))}
