@@ -62,16 +62,18 @@ def _feeds(inputs):
 
 
 def _assert_close(got, want, what):
-    """Equal to RTOL relative (absolute floor: RTOL / 10 of the output's peak).  Unbounded activations can
-    overflow (Softplus as a GRU's update gate makes 1 - z negative): then both must overflow, and the values
-    both keep finite must agree (where inf - inf gives nan depends on the order of the sums)."""
+    """Equal to RTOL relative (absolute floor: RTOL / 10 of the output's peak, or of 0.1 where the peak is
+    smaller: the gates sum terms of order 1 in float32, and where they cancel to an output of 1e-4 the two
+    summation orders differ by a few 1e-8: hypothesis found 3.8e-8 on an LSTM with Relu gates).  Unbounded
+    activations can overflow (Softplus as a GRU's update gate makes 1 - z negative): then both must overflow,
+    and the values both keep finite must agree (where inf - inf gives nan depends on the order of the sums)."""
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     finite = np.isfinite(got) & np.isfinite(want)
     assert np.isfinite(got).all() == np.isfinite(want).all(), f"{what}: only one side overflows"
     got, want = got[finite], want[finite]
     peak = float(np.max(np.abs(want))) if want.size else 0.0
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * 0.1 * max(peak, 1e-3), err_msg=what)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * 0.1 * max(peak, 0.1), err_msg=what)
 
 
 def _reference_outputs(op_type, inputs, attributes, n_outputs, opset):
