@@ -162,7 +162,6 @@ def test_two_blocks_side_by_side_are_two_blocks():
     assert max(Counter(name for b in blocks for name in b.operations).values()) == 1
 
 
-
 @pytest.mark.parametrize("platform", ["ORT_INT8", "TPU_INT8"])
 @pytest.mark.parametrize("spelling", ["hard_swish_div", "silu"])
 def test_an_activation_blocks_input_is_not_terminal_and_its_range_is_chosen_apart(platform, spelling):

@@ -108,12 +108,12 @@ def terminal_tensors(graph: Graph) -> tuple[set[str], set[str]]:
             if variable.name in outputs:
                 terminal.add(variable.name)
                 continue
-            readers = [_reading(reader, variable) for reader in variable.consumers]
-            if all((float_read or passes) and all(out.name in terminal for out in reader.outputs)
-                   for reader, (float_read, passes) in zip(variable.consumers, readers)):
+            readings = [(_reading(reader, variable), reader.outputs) for reader in variable.consumers]
+            if all((reads or passes) and all(out.name in terminal for out in written)
+                   for (reads, passes), written in readings):
                 terminal.add(variable.name)
-            elif all(reads or (passes and all(out.name in terminal | float_read for out in reader.outputs))
-                     for reader, (reads, passes) in zip(variable.consumers, readers)):
+            elif all(reads or (passes and all(out.name in terminal or out.name in float_read for out in written))
+                     for (reads, passes), written in readings):
                 float_read.add(variable.name)
     return terminal, float_read
 
