@@ -282,7 +282,7 @@ def test_bias_correction_lowers_mean_output_error_and_creates_missing_bias():
     results = {}
     for enabled in (False, True):
         graph, policy = prepared(no_bias_model(), "DSP_INT8")
-        extra = [BiasCorrectionPass(new_bias="int32", verbose=False)] if enabled else []
+        extra = [BiasCorrectionPass(new_bias="int32", verbose=False, create_biases=True)] if enabled else []
         executor, reports = run_passes(graph, policy, batches, extra, stop_before=None)
         results[enabled] = mean_errors(graph, batches), graph, reports
     (bias_off, mse_off), _, _ = results[False]
@@ -305,10 +305,32 @@ def test_bias_correction_lowers_mean_output_error_and_creates_missing_bias():
     assert not np.allclose(conv2.config.input_quantization_config[2].baked_value, original, atol=1e-4)
 
 
+def test_bias_correction_leaves_an_op_without_bias_alone_so_a_zero_input_stays_zero():
+    """By default an op without a bias gets none (NNCF corrects only ops with one): a created bias would move
+    what the op makes of a zero input (an STFT convolution's silence, zero padding)."""
+    rng = np.random.default_rng(0)
+    batches = [rng.random((4, 3, 8, 8)).astype(np.float32) for _ in range(4)]
+    graph, policy = prepared(no_bias_model(), "DSP_INT8")
+    executor, reports = run_passes(graph, policy, batches, [BiasCorrectionPass(new_bias="int32", verbose=False)],
+                                   stop_before=None)
+    report = reports["bias_correction"]
+    assert report["biases_created"] == 0 and sorted(entry["op"] for entry in report["ops"]) == ["conv2", "fc"]
+    assert any(entry["op"] == "conv1" and entry["reason"].startswith("no bias") for entry in report["skipped_ops"])
+    assert len(graph.operations["conv1"].inputs) == 2
+    seen = {}
+
+    class Keep(ppqlike.executor.OperationHook):
+        def after_operation(self, operation, inputs, outputs):
+            if operation.name == "conv1":
+                seen["conv1"] = np.array(outputs[0])
+    ppqlike.NumpyExecutor(graph).forward(np.zeros((2, 3, 8, 8), np.float32), hooks=[Keep()])
+    assert not seen["conv1"].any()   # silence in, silence out
+
+
 def test_bias_correction_on_float_bias_platform_keeps_new_bias_float():
     graph, policy = prepared(no_bias_model(), "TRT_INT8")
     batches = data(2)
-    _, reports = run_passes(graph, policy, batches, [BiasCorrectionPass(new_bias=None, verbose=False)],
+    _, reports = run_passes(graph, policy, batches, [BiasCorrectionPass(new_bias=None, verbose=False, create_biases=True)],
                             stop_before=None)
     assert reports["bias_correction"]["new_bias"] == "float"
     assert graph.operations["conv1"].config.input_quantization_config[2] is None
@@ -319,7 +341,7 @@ def test_bias_correction_draws_no_batch_past_its_deadline():
     reports = {}
     for budget in (None, 0.0):
         graph, policy = prepared(no_bias_model(), "TRT_INT8")
-        correction = BiasCorrectionPass(new_bias=None, verbose=False, time_budget=budget)
+        correction = BiasCorrectionPass(new_bias=None, verbose=False, create_biases=True, time_budget=budget)
         _, passes = run_passes(graph, policy, batches, [correction], stop_before=None)
         reports[budget] = passes["bias_correction"]
     assert reports[None]["batches"] == 3 and not reports[None]["budget_spent"]
@@ -334,7 +356,7 @@ def test_bias_correction_draws_no_batch_past_its_deadline():
 
     graph, policy = prepared(no_bias_model(), "TRT_INT8")
     executor, _ = run_passes(graph, policy, batches, stop_before="bias_correction")
-    report = BiasCorrectionPass(new_bias=None, verbose=False, time_budget=1.0).optimize(
+    report = BiasCorrectionPass(new_bias=None, verbose=False, create_biases=True, time_budget=1.0).optimize(
         graph, executor=executor, dataloader=slow_second(batches), calib_steps=3)
     assert report["batches"] == 2 and report["budget_spent"]   # the batch read past it is measured, none after
     assert report["corrected"] == reports[None]["corrected"] > 0
@@ -343,7 +365,7 @@ def test_bias_correction_draws_no_batch_past_its_deadline():
 def test_bias_correction_reads_no_batch_once_its_samples_are_measured():
     loader = CountingLoader(data(4))   # 4 batches of 4 samples
     graph, policy = prepared(no_bias_model(), "TRT_INT8")
-    correction = BiasCorrectionPass(new_bias=None, verbose=False, samples=5)
+    correction = BiasCorrectionPass(new_bias=None, verbose=False, create_biases=True, samples=5)
     executor = ppqlike.NumpyExecutor(graph)
     for current in [FusionPass(policy.fused_activations), QuantizationSimplifyPass(), ParameterQuantizePass(),
                     RuntimeCalibrationPass(verbose=False), PassiveParameterQuantizePass()]:
@@ -362,7 +384,7 @@ def test_bias_correction_leaves_ops_whose_weights_lie_on_their_grid():
     codes = rng.integers(-126, 127, weight.value.shape)
     codes.reshape(len(codes), -1)[:, 0] = 127
     weight.value = (codes * 2.0 ** -6).astype(np.float32)
-    _, reports = run_passes(graph, policy, data(2), [BiasCorrectionPass(new_bias=None, verbose=False)],
+    _, reports = run_passes(graph, policy, data(2), [BiasCorrectionPass(new_bias=None, verbose=False, create_biases=True)],
                             stop_before=None)
     report = reports["bias_correction"]
     assert {"op": "conv1", "reason": "weight quantization is exact"} in report["skipped_ops"]
@@ -380,7 +402,7 @@ def test_checked_bias_correction_keeps_a_gain_and_undoes_a_loss_exactly(platform
     plain, policy = prepared(no_bias_model(), platform)
     run_passes(plain, policy, batches, stop_before=None)
     checked, _ = prepared(no_bias_model(), platform)
-    _, reports = run_passes(checked, policy, batches, [BiasCorrectionPass(verbose=False, checked_on=8)],
+    _, reports = run_passes(checked, policy, batches, [BiasCorrectionPass(verbose=False, checked_on=8, create_biases=True)],
                             stop_before=None)
     report = reports["bias_correction"]
     assert report["kept"] and report["error_after"] < report["error_before"] and report["checked_samples"] == 8
@@ -388,7 +410,7 @@ def test_checked_bias_correction_keeps_a_gain_and_undoes_a_loss_exactly(platform
     errors = iter([0.1, 0.2])   # the error measured before and after: a loss
     monkeypatch.setattr(module, "output_error", lambda *args: next(errors))
     undone, _ = prepared(no_bias_model(), platform)
-    _, reports = run_passes(undone, policy, batches, [BiasCorrectionPass(verbose=False, checked_on=8)],
+    _, reports = run_passes(undone, policy, batches, [BiasCorrectionPass(verbose=False, checked_on=8, create_biases=True)],
                             stop_before=None)
     report = reports["bias_correction"]
     assert not report["kept"] and report["corrected"] == 0 and report["biases_created"] == 0
@@ -423,7 +445,7 @@ def test_layer_scope_bias_correction_makes_each_layer_mean_exact_on_fp32_inputs(
         graph, policy = prepared(no_bias_model(), "TRT_INT8")
         original = {name: graph.operations[name].inputs[1].value.copy() for name in ("conv2", "fc")}
         biases = {name: graph.operations[name].inputs[2].value.copy() for name in ("conv2", "fc")}
-        correction = BiasCorrectionPass(new_bias=None, verbose=False, scope=scope)
+        correction = BiasCorrectionPass(new_bias=None, verbose=False, create_biases=True, scope=scope)
         executor, _ = run_passes(graph, policy, batches, [correction], stop_before="bias_correction")
         inputs = {name: [] for name in original}
 

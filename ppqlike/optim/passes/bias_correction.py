@@ -38,7 +38,11 @@ Writes, per corrected op:
   ``Variable.value`` itself, which is what runs and is exported; the report
   lists these ops (``float_biases_changed``), whose FP32 reference now
   includes the correction;
-* an op without a bias gets a zero bias parameter (``<op>.bias_correction``,
+* an op without a bias is left alone (reported) unless ``create_biases``: a
+  bias it never had moves what the op makes of a zero input (an STFT
+  convolution's silence became a -2.5 dB floor on openWakeWord's log-mel
+  front end); NNCF likewise corrects only ops with a bias.  With
+  ``create_biases`` it gets a zero bias parameter (``<op>.bias_correction``,
   so the FP32 function is unchanged) at input slot 2 and a config for it:
   where the platform quantizes biases (``new_bias='int32'``, which
   ``build_pipeline`` passes from the platform policy; when not told, when
@@ -220,7 +224,8 @@ def _undo(graph: Graph, configs: dict, float_values: dict, created: list) -> Non
 class BiasCorrectionPass(QuantizationOptimizationPass):
     """Per-channel empirical bias correction of Conv/ConvTranspose/Gemm (see the module docstring).
 
-    ``steps``: calibration batches to measure on (None: the pipeline's
+    ``create_biases``: give ops without a bias one to correct (off: they are skipped, their zero input
+    staying a zero output).  ``steps``: calibration batches to measure on (None: the pipeline's
     ``calib_steps``); ``samples``: no batch is read once that many samples are
     measured (None: no such limit).  ``new_bias``: 'int32', 'float' or None (decide from
     the graph) for the config of a bias the pass has to create.  ``time_budget``
@@ -235,13 +240,13 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
 
     def __init__(self, steps: int | None = None, new_bias: str | None = None, verbose: bool = True,
                  scope: str = "weights", time_budget: TimeBudget | float | None = None, samples: int | None = None,
-                 checked_on: int | None = None):
+                 checked_on: int | None = None, create_biases: bool = False):
         if new_bias not in (None, "int32", "float"):
             raise ValueError(f"new_bias must be 'int32', 'float' or None, not {new_bias!r}")
         if scope not in ("weights", "layer"):
             raise ValueError(f"scope must be 'weights' or 'layer', not {scope!r}")
         self.steps, self.new_bias, self.verbose, self.scope = steps, new_bias, verbose, scope
-        self.samples, self.checked_on = samples, checked_on
+        self.samples, self.checked_on, self.create_biases = samples, checked_on, create_biases
         self.time_budget = TimeBudget.of(time_budget)
 
     def _layer_hook(self, graph: Graph, executor: NumpyExecutor, deltas: dict) -> _LayerErrorHook:
@@ -271,6 +276,10 @@ class BiasCorrectionPass(QuantizationOptimizationPass):
                 continue
             bias = operation.inputs[2] if len(operation.inputs) > 2 else None
             channels = output_channels(operation)
+            if bias is None and not self.create_biases:
+                skipped.append({"op": operation.name, "reason": "no bias (one created would move the output of a "
+                                                                "zero input)"})
+                continue
             if bias is not None:
                 config = input_config(operation, 2)
                 if not bias.is_parameter or bias.value.size != channels or \
