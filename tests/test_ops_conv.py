@@ -154,6 +154,17 @@ def test_dense_batch_chunks(monkeypatch):
     _conv((3, 8, 9, 9), (4, 8, 3, 3), pads=[1, 1, 1, 1])
 
 
+@pytest.mark.parametrize("x_shape,w_shape,attributes", [
+    ((2, 1, 700), (33, 1, 64), {"strides": [16]}),                                   # an STFT as a Conv
+    ((3, 1, 160), (12, 1, 10), {"strides": [5], "pads": [2, 3], "dilations": [2]}),  # wav2vec's first layer
+    ((2, 1, 19, 17), (6, 1, 7, 7), {"strides": [2, 2], "pads": [3, 2, 3, 1]}),       # a stem on a grey image
+    ((2, 1, 9, 8), (1, 1, 3, 3), {}),
+])
+def test_one_input_channel(x_shape, w_shape, attributes):
+    """One input channel, group 1 (a waveform, a grey image): one GEMM of its patches."""
+    _conv(x_shape, w_shape, **attributes)
+
+
 @pytest.mark.parametrize("group,ci,co", [(2, 8, 6), (4, 8, 8), (3, 9, 12)])
 def test_grouped(group, ci, co):
     _conv((2, ci, 10, 9), (co, ci // group, 3, 3), group=group, pads=[1, 0, 1, 2], strides=[1, 2])

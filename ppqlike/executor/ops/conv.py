@@ -152,6 +152,10 @@ def _conv2d(x, w, b, pads, strides, dilations, group, dtype, epilogue=None) -> n
         if _conv_channels_last.is_channels_last(x):
             return _conv_channels_last.pointwise(x, w, b, dtype, epilogue)
         return _finished(_conv_fast.pointwise(x, w, b, dtype), epilogue)
+    if ci == 1 and group == 1:   # one input channel (a waveform, a grey image): one GEMM of its patches, where
+        # the depthwise path would repeat the input per output channel and loop over the taps (an STFT's 512:
+        # 50x slower), and the im2col path's blocks are too thin to pay (10 taps: 15x slower)
+        return _finished(_conv_nd(x, w, b, pads[:2], pads[2:], strides, dilations, 1, dtype), epilogue)
     if group == ci and cg == 1:
         if co != ci:  # channel multiplier: output channel o reads input channel o // (co / ci)
             x = np.repeat(x, co // ci, axis=1)
