@@ -22,7 +22,7 @@ from ..core.ir import Graph
 from ..executor import NumpyExecutor
 from ..optim.passes.precision_moves import find_units
 from ..optim.passes.references import FloatReferences, references_of
-from ..optim.passes.sensitivity import AloneRunner, CachedSamples, sample_cosines
+from ..optim.passes.sensitivity import AloneRunner, CachedSamples, output_parts, sample_cosines
 
 VERDICT_THRESHOLD = 0.98
 
@@ -42,7 +42,8 @@ def quantization_verdict(graph: Graph, executor: NumpyExecutor, batches: list, h
     references = references_of(batches, graph, executor, references)
     finite = all(np.isfinite(np.asarray(value, np.float64)).all() for outputs in quantized for value in outputs
                  if np.asarray(value).dtype.kind == "f")
-    cosines = np.concatenate([sample_cosines(q, r) for q, r in zip(quantized, references)])
+    parts = output_parts(graph)   # a detector's boxes and scores compared apart
+    cosines = np.concatenate([sample_cosines(q, r, parts) for q, r in zip(quantized, references)])
     cosine = float(np.mean(cosines)) if finite else float("nan")
     verdict = {"output_cosine": None if cosine != cosine else round(cosine, 6), "finite_outputs": finite,
                "worst_sample_cosine": round(float(np.min(cosines)), 6) if finite else None,

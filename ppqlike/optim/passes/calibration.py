@@ -29,7 +29,7 @@ from ..base import CollatedShard, QuantizationOptimizationPass, iterate_calibrat
 from ..distributed import file_shards, observe_on_ray, split_into_shards
 from ..observers import ChoiceObserver, make_observer
 from .references import references_of
-from .sensitivity import measured_batches, sample_cosines, sample_count
+from .sensitivity import measured_batches, output_parts, sample_cosines, sample_count
 from .threshold_search import search_thresholds
 
 S = QuantizationStates
@@ -222,7 +222,7 @@ def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, he
     batches = _choice_batches(held_aside, first_batches)
     if not batches:
         return {"observer_chosen": choosing[0].chosen, "observer_errors": {}}
-    half = _half_point(batches)
+    half, parts = _half_point(batches), output_parts(graph)
     cosines = {name: [] for name in choosing[0].candidates}
     errors, measured, measured_on, references = {}, list(cosines), 0, []
     for start, stop in ((0, half), (half, len(batches))):
@@ -231,7 +231,7 @@ def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, he
         references += references_of(batches[start:stop], graph, executor, float_references)
         for name in measured:
             _choose(choosing, name, unsigned)
-            cosines[name] += [sample_cosines(executor.forward(batch), reference)
+            cosines[name] += [sample_cosines(executor.forward(batch), reference, parts)
                               for batch, reference in zip(batches[start:stop], references[start:stop])]
             error = float(1.0 - np.mean(np.concatenate(cosines[name])))
             errors[name] = error if error == error else float("inf")
@@ -248,7 +248,7 @@ def _choose_observers(graph: Graph, executor: NumpyExecutor, observers: list, he
     if apart and best != "minmax" and "minmax" in cosines:
         _choose(apart, "minmax", unsigned)
         count = len(cosines[best])
-        error = float(1.0 - np.mean(np.concatenate([sample_cosines(executor.forward(batch), reference)
+        error = float(1.0 - np.mean(np.concatenate([sample_cosines(executor.forward(batch), reference, parts)
                                                     for batch, reference in zip(batches[:count], references)])))
         kept = "minmax" if error < errors[best] else best
         _choose(apart, kept, unsigned)

@@ -16,7 +16,7 @@ import numpy as np
 from ...core.ir import Graph, Operation
 from ...executor import NumpyExecutor
 from .precision_moves import move_to_float_format, move_to_fp32, move_to_wider_grid, restore, snapshot
-from .sensitivity import AloneRunner, cosine_lower_bound, output_cosine, sample_cosines
+from .sensitivity import AloneRunner, cosine_lower_bound, output_cosine, output_parts, sample_cosines
 
 
 @dataclass
@@ -59,12 +59,12 @@ def move_unit(graph: Graph, unit: list[Operation], bits, observed: dict) -> None
 def unit_sensitivities(data: TrialData, indices: list[int]) -> list[float]:
     """For each unit, the output cosine with that unit alone quantized, averaged over the batches."""
     runner = data.local_runner if data.local_runner is not None else AloneRunner(data.graph, data.executor())
-    units = [data.unit(i) for i in indices]
+    units, parts = [data.unit(i) for i in indices], output_parts(data.graph)
     totals = [0.0] * len(units)
     for batch, reference in zip(data.batches, data.references):
         cached = runner.cache(batch)
         for k, unit in enumerate(units):
-            totals[k] += output_cosine(runner.quantize_alone(unit, cached), reference) / len(data.batches)
+            totals[k] += output_cosine(runner.quantize_alone(unit, cached), reference, parts) / len(data.batches)
         del cached
     return totals
 
@@ -73,14 +73,14 @@ def trial_cosines(data: TrialData, trials: list[list[tuple[int, object]]]) -> li
     """For each trial (the moves (unit index, bits) to make, in order, from the configs as found), the
     target's measure of the whole graph: mean - one standard error of the per-sample output cosine."""
     graph, executor = data.graph, data.executor()
-    original = snapshot(graph)
+    original, parts = snapshot(graph), output_parts(graph)
     results = []
     try:
         for trial in trials:
             restore(graph, original)
             for index, bits in trial:
                 move_unit(graph, data.unit(index), bits, data.observed)
-            results.append(cosine_lower_bound(np.concatenate([sample_cosines(executor.forward(b), r)
+            results.append(cosine_lower_bound(np.concatenate([sample_cosines(executor.forward(b), r, parts)
                                                               for b, r in zip(data.batches, data.references)])))
     finally:
         restore(graph, original)

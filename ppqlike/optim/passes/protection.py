@@ -82,7 +82,7 @@ from .precision_moves import (can_widen, find_units, move_to_float_format, move_
                               reader_units, restore, snapshot, with_pass_through_readers)
 from .references import references_of
 from .sensitivity import (AloneRunner, CachedSamples, held_aside_or_calibration, output_cosine, output_error,
-                          sample_count, topped_up)
+                          output_parts, sample_count, topped_up)
 
 #: samples the protection measures on, at least: where fewer are held aside, the last calibration samples join
 #: them.  PicoDet ORT_INT8 on three 8-image subsets (2 held aside), dev cosine: 0.99091 / 0.99072 / 0.93624
@@ -132,10 +132,11 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         if initial >= self.floor:   # below it nothing is wrecked: no search
             measured = CachedSamples(runner, batches, references)
             ranked = self._ranked(runner, units, measured)
-            cosines = {index: [] for index in ranked}
+            cosines, parts = {index: [] for index in ranked}, output_parts(graph)
             for cached, reference in measured:
                 for index in ranked:
-                    cosines[index].append(output_cosine(runner.quantize_alone(units[index], cached), reference))
+                    cosines[index].append(output_cosine(runner.quantize_alone(units[index], cached), reference,
+                                                        parts))
             measured = cached = None   # (the intermediates go before the moves are tried)
             for index in ranked:
                 alone = 1.0 - float(np.mean(cosines[index]))

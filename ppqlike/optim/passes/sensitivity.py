@@ -26,20 +26,62 @@ CACHE_BUDGET_BYTES = 1 << 30
 
 
 # ------------------------------------------------------------------ metrics
-def sample_cosines(outputs: list, references: list) -> np.ndarray:
+def output_parts(graph: Graph) -> list:
+    """Per graph output, ``(axis, sizes)`` of the parts a Concat joined into it (sizes along its axis, from the
+    inputs' static shapes), or None.  A detector's output concatenates boxes in pixels with class scores in
+    [0, 1] (Ultralytics' [N, 4 + classes, anchors]): compared as one vector, the boxes' coordinates outweigh
+    the scores ten-thousandfold and a range that clips every detection's score reads as closest to FP32."""
+    parts = []
+    for variable in graph.outputs:
+        operation, entry = variable.producer, None
+        if operation is not None and operation.type == "Concat" and len(operation.inputs) > 1:
+            axis = int(operation.attributes.get("axis", 0))
+            sizes = [None if part.shape is None or not -len(part.shape) <= axis < len(part.shape)
+                     else part.shape[axis] for part in operation.inputs]
+            if all(isinstance(size, (int, np.integer)) and size > 0 for size in sizes):
+                entry = (axis, [int(size) for size in sizes])
+        parts.append(entry)
+    return parts
+
+
+def _split(array: np.ndarray, part: tuple | None) -> list:
+    """``array`` cut into its Concat parts (:func:`output_parts`), or [array] where it has none or they do not fit."""
+    if part is None or array.ndim < 2:
+        return [array]
+    axis, sizes = part
+    if not -array.ndim <= axis < array.ndim or sum(sizes) != array.shape[axis]:
+        return [array]
+    return np.split(array, np.cumsum(sizes)[:-1], axis=axis)
+
+
+def _row_cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """The cosine of each row of ``got`` with the same row of ``want`` (2-D, float64); 1 where both are zero
+    and equal, 0 where one norm is zero."""
+    dot = np.sum(got * want, axis=1)
+    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
+    return np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), np.where(np.all(got == want, axis=1), 1.0, 0.0))
+
+
+def sample_cosines(outputs: list, references: list, parts: list | None = None) -> np.ndarray:
     """Per sample, the cosine between ``outputs`` and ``references`` averaged over the outputs ([N]; one value
-    per output when the outputs disagree on the batch size)."""
+    per output when the outputs disagree on the batch size).  ``parts`` (:func:`output_parts`): an output a
+    Concat wrote counts as its parts, each compared over the whole batch (every sample given that value): a
+    detector's scores are sparse, and the samples without a detection would measure only the noise on
+    their background."""
     values = []
-    for got, want in zip(outputs, references):
-        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-        if got.ndim >= 2:
-            got, want = got.reshape(got.shape[0], -1), want.reshape(want.shape[0], -1)
-        else:
-            got, want = got.reshape(1, -1), want.reshape(1, -1)
-        dot = np.sum(got * want, axis=1)
-        norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
-        values.append(np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0),
-                               np.where(np.all(got == want, axis=1), 1.0, 0.0)))
+    for index, (got, want) in enumerate(zip(outputs, references)):
+        part = parts[index] if parts is not None and index < len(parts) else None
+        pieces = list(zip(_split(np.asarray(got), part), _split(np.asarray(want), part)))
+        for got_piece, want_piece in pieces:
+            got_piece, want_piece = np.asarray(got_piece, np.float64), np.asarray(want_piece, np.float64)
+            if len(pieces) > 1:
+                pooled = _row_cosines(got_piece.reshape(1, -1), want_piece.reshape(1, -1))
+                values.append(np.repeat(pooled, got_piece.shape[0]))
+            elif got_piece.ndim >= 2:
+                values.append(_row_cosines(got_piece.reshape(got_piece.shape[0], -1),
+                                           want_piece.reshape(want_piece.shape[0], -1)))
+            else:
+                values.append(_row_cosines(got_piece.reshape(1, -1), want_piece.reshape(1, -1)))
     if not values:
         return np.ones(1)
     if len({len(v) for v in values}) == 1:
@@ -47,15 +89,16 @@ def sample_cosines(outputs: list, references: list) -> np.ndarray:
     return np.array([float(np.mean(v)) for v in values])
 
 
-def output_cosine(outputs: list, references: list) -> float:
-    """Mean over outputs of the per-sample cosine between ``outputs`` and ``references``."""
-    return float(np.mean(sample_cosines(outputs, references)))
+def output_cosine(outputs: list, references: list, parts: list | None = None) -> float:
+    """Mean over outputs (and their ``parts``) of the per-sample cosine between ``outputs`` and ``references``."""
+    return float(np.mean(sample_cosines(outputs, references, parts)))
 
 
 def output_error(executor: NumpyExecutor, batches: list, references: list) -> float:
-    """1 - the mean per-sample output cosine of the graph as it runs now against ``references``; 1.0 where the
-    outputs are not finite (as far from FP32 as it gets)."""
-    value = float(1.0 - np.mean(np.concatenate([sample_cosines(executor.forward(batch), reference)
+    """1 - the mean per-sample output cosine of the graph as it runs now against ``references`` (outputs a
+    Concat wrote, part by part); 1.0 where the outputs are not finite (as far from FP32 as it gets)."""
+    parts = output_parts(executor.graph)
+    value = float(1.0 - np.mean(np.concatenate([sample_cosines(executor.forward(batch), reference, parts)
                                                 for batch, reference in zip(batches, references)])))
     return 1.0 if value != value else value
 
