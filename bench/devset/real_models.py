@@ -201,6 +201,26 @@ def build_silero_vad(folder: Path, context: dict):
     return manifest, data["calib"], data["dev"]
 
 
+def build_yolov8_nudenet(folder: Path, context: dict):
+    """NudeNet 3.4's detector: a real Ultralytics YOLOv8n (18 classes: faces, feet, covered and exposed body parts),
+    anchors and strides made in the graph from the input's shape, [N, 22, 2100] at 320x320; ImageNet photographs
+    letterboxed as NudeNet does (RGB, grey borders, /255), its score threshold 0.2 and NMS IoU 0.45."""
+    _copy_model(sources.NUDENET, folder, context)
+    data = {split: {"images": np.stack([images.letterbox(p, 320) for p in images.photo_files(context["bench"], split, n)])}
+            for split, n in (("calib", 200), ("dev", 300))}
+    output = _fp32(folder, data["dev"], ["output0"], 16)["output0"]
+    found = family_metrics.yolo_boxes(output, 0.2, 0.45)
+    manifest = {"family": "detector (YOLOv8n, real weights)", "weights": "real",
+                "source": sources.describe(sources.NUDENET), "inputs": ["images"], "outputs": ["output0"],
+                "metric": {"kind": "yolo", "output": "output0", "score_threshold": 0.2, "nms_iou": 0.45,
+                           "match_iou": 0.5},
+                "batch": 16, "calib_default": 64,
+                "data": "ImageNet photographs (shared bench calib / dev) letterboxed to 320x320",
+                "check": f"FP32 boxes per dev image: {np.mean([len(b[0]) for b in found]):.2f}, images with a box: "
+                         f"{np.mean([len(b[0]) > 0 for b in found]):.2f}"}
+    return manifest, data["calib"], data["dev"]
+
+
 OWW_SECONDS, OWW_RATE, OWW_WINDOW, OWW_STEP = 2.0, 16000, 76, 8   # openWakeWord's clips, frames per window, hop
 
 
@@ -256,4 +276,4 @@ def build_oww_embedding(folder: Path, context: dict):
 
 FAMILIES = {"magika": build_magika, "basic_pitch": build_basic_pitch, "picodet_layout": build_picodet_layout,
             "ocr_det": build_ocr_det, "ocr_rec": build_ocr_rec, "silero_vad": build_silero_vad,
-            "oww_mel": build_oww_mel, "oww_embedding": build_oww_embedding}
+            "oww_mel": build_oww_mel, "oww_embedding": build_oww_embedding, "yolov8_nudenet": build_yolov8_nudenet}

