@@ -283,3 +283,18 @@ def test_few_held_aside_samples_are_topped_up_with_the_last_calibration_samples(
     assert topped_up(list(held), None, calibration, 6) == held   # nothing held aside: calibration samples already
     enough = [np.full((4, 2), 9, np.float32)]
     assert len(topped_up(list(enough), enough, calibration, 4)) == 1   # enough held aside: as they are
+
+
+def test_fronts_are_units_doubling_each_taken_to_the_end_of_its_layer():
+    """Fronts of 1, 2, 4, ... units, each taken on to where the next unit with a Conv/Gemm/MatMul starts: a layer's
+    activations written as ops of their own (HardSwish, an SE block's Mul) move with it."""
+    from types import SimpleNamespace
+    from ppqlike.optim.passes.protection import front_sizes, layer_ends
+
+    def units(*types):
+        return [[SimpleNamespace(type=t) for t in unit.split("+")] for unit in types]
+    graph = units("Conv", "HardSwish", "Conv", "HardSwish", "Mul", "Conv", "Relu", "Gemm", "Softmax")
+    assert layer_ends(graph) == [2, 5, 7, 9]
+    assert front_sizes(graph) == [2, 5, 8]   # 1 -> 2, 2 -> 2 (once), 4 -> 5, 8 (not 9: a unit is left out)
+    assert layer_ends(units("Add", "Conv+Relu", "Conv", "Gemm")) == [2, 3, 4]   # a leading unit joins layer 1
+    assert front_sizes(units("Sigmoid", "Mul", "Add")) == [1, 2]                # no layer: 1, 2, 4, ... units

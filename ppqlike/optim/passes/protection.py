@@ -76,6 +76,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ...core.ir import Graph
+from ...core.op_facts import COMPUTING_TYPES
 from ...executor import NumpyExecutor
 from ..base import QuantizationOptimizationPass
 from .precision_moves import (can_widen, find_units, move_to_float_format, move_to_fp32, move_to_wider_grid,
@@ -94,6 +95,29 @@ MIN_SAMPLES = 4
 #: floor of 0.002 and 100 calibration images, 57 of SqueezeNet's ops went to BF16 on TPU_INT8 for an error of
 #: 0.0036 (0.0009 after), and 32 to FP32 on TRT_INT8 (best, 0.0040 -> 0.0016).
 WIDE_FRONT_ERROR = 0.005
+
+
+def layer_ends(units: list) -> list[int]:
+    """The graph's first 1, 2, 3, ... layers as front lengths in units: a layer ends where the next unit holding
+    a Conv/Gemm/MatMul starts.  Units in topological order; every length when none computes."""
+    starts = [index for index, unit in enumerate(units) if any(op.type in COMPUTING_TYPES for op in unit)]
+    if not starts:
+        return list(range(1, len(units) + 1))
+    return [start for start in starts[1:] if start > 0] + [len(units)]
+
+
+def front_sizes(units: list) -> list[int]:
+    """The front lengths the protection tries, in units: 1, 2, 4, ... each taken on to the end of the layer it
+    would cut (:func:`layer_ends`), so that a layer's activations written as ops of their own (a HardSwish, an SE
+    block's HardSigmoid and Mul) move with it, where that leaves a unit out; no length twice."""
+    ends, sizes, count = layer_ends(units), [], 1
+    while count < len(units):
+        size = min(end for end in ends if end >= count)
+        size = size if size < len(units) else count
+        if not sizes or size > sizes[-1]:
+            sizes.append(size)
+        count *= 2
+    return sizes
 
 
 class LayerProtectionPass(QuantizationOptimizationPass):
@@ -196,17 +220,19 @@ class LayerProtectionPass(QuantizationOptimizationPass):
         return chosen + [index for _, index in at_readers[:self.measured_units] if index not in chosen]
 
     def _protect_front(self, graph: Graph, units, observed: dict, error, current: float) -> dict | None:
-        """The smallest front of the graph (its first 1, 2, 4, ... units in topological order, all but the last
-        at most) whose move halves the error, then twice as wide while that halves the error again and it is
-        still at least ``front_floor``: an in-model signal front end (STFT, CQT, log-mel) is many units, none of
+        """The smallest front of the graph (its first 1, 2, 4, ... units in topological order, each to the end of
+        its last layer, :func:`front_sizes`; all units but the last at most) whose move halves the error, then twice as wide while that halves the
+        error again and it is still at least ``front_floor``: an in-model signal front end (STFT, CQT, log-mel) is many units, none of
         which wrecks the output alone (basic-pitch's CQT is 26 of its 36 units), and a backbone's wrecked layers
         can span more than the first front that halves the error (PicoDet, ORT_INT8, held-aside samples: 8
         units 0.119 -> 0.024, 16 units 0.0096).  Wider than half of the units only from an error of
         ``WIDE_FRONT_ERROR`` or more.  None when no front halves the error."""
         limit, half = max(1, len(units) - 1), max(1, len(units) // 2)
         original = snapshot(graph)
-        size, found = 1, None
-        while size <= limit and (found is None or found[0] >= self.front_floor):
+        found = None
+        for size in front_sizes(units):
+            if size > limit or (found is not None and found[0] < self.front_floor):
+                break
             if size > half and (current if found is None else found[0]) < WIDE_FRONT_ERROR:
                 break
             tried = []    # (error after, moving to FP32, precisions): the higher precision first, then FP32
@@ -221,7 +247,6 @@ class LayerProtectionPass(QuantizationOptimizationPass):
                 found = (after, to_float, precisions, size)
             elif found is not None:   # no further halving: the front found stands
                 break
-            size *= 2
         if found is None:
             return None
         after, to_float, precisions, size = found
