@@ -131,13 +131,15 @@ def _moved_units(units) -> int:
     ({0: 0.2, 1: 0.15, 2: 0.08, 4: 0.03, 8: 0.02}, 4, None),    # 2 halves it, 4 halves that again, 8 does not
     ({0: 0.2, 1: 0.05, 2: 0.004, 4: 0.001, 8: 0.0}, 2, None),   # 2 is below front_floor: no wider move
     ({0: 0.2, 1: 0.15, 2: 0.12, 4: 0.11, 8: 0.105}, None, None),  # nothing halves it
-    ({0: 0.01, 1: 0.004, 2: 0.0015, 4: 0.0}, 1, 0.005),   # balanced's floor: 1 unit's 0.004 is under it
-    ({0: 0.01, 1: 0.004, 2: 0.0015, 4: 0.0}, 2, 0.002),   # best's: 0.004 is not, and 2 units halve it
+    ({0: 0.01, 2: 0.004, 4: 0.0015, 8: 0.0}, 2, 0.005),   # balanced's floor: the first layer's 0.004 is under it
+    ({0: 0.01, 2: 0.004, 4: 0.0015, 8: 0.0}, 4, 0.002),   # best's: 0.004 is not, and 2 layers halve it
+    ({0: 0.2, 1: 0.01, 2: 0.15, 4: 0.12, 8: 0.11}, None, None),   # a Conv without its Relu is never a front
     # 9 units: under WIDE_FRONT_ERROR (0.005) a front spans at most half of them (4)
     ({0: 0.004, 1: 0.0038, 2: 0.0035, 4: 0.003, 8: 0.0}, None, 0.002),
     ({0: 0.008, 1: 0.0078, 2: 0.0075, 4: 0.003, 8: 0.0012}, 4, 0.002),   # from 0.008: 4, not widened under 0.005
 ])
 def test_the_front_widens_while_it_halves_the_error(errors, front_units, front_floor):
+    """Fronts of 1, 2, 4, 8 units taken on to their layer's end (Conv, Relu, Conv, Relu, ...: 2, 4, 8)."""
     setting = QuantizationSettingFactory.for_platform("TRT_INT8")
     setting.recipe, setting.protection = "plain", False
     graph = api.quantize_onnx_model(_model(), _data(), platform="TRT_INT8", setting=setting)
