@@ -191,3 +191,26 @@ def test_the_target_is_held_to_the_mean_cosine_less_one_standard_error():
     # per sample: the cosine of each row, averaged over the outputs
     a, b = np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([[1.0, 0.0], [1.0, -1.0]])
     np.testing.assert_allclose(sample_cosines([a, a], [a, b]), [1.0, 0.5])
+
+
+def test_a_reader_read_float_after_a_move_has_its_int32_bias_float_too():
+    """placement='compute_inputs' on ORT_INT8: a conv's input is the previous layer's output config; moving that
+    layer to FP32 with its readers reading float leaves the conv's int32 bias (on S_input * S_weight) without a
+    scale unless it goes float too; the graph then runs."""
+    from ppqlike.optim.passes.precision_moves import find_units, move_to_fp32
+    setting = QuantizationSettingFactory.for_platform("ORT_INT8")
+    setting.recipe, setting.protection, setting.placement = "plain", False, "compute_inputs"
+    model = chain_model()
+    for node in model.graph.node:   # a HardSwish is a unit of its own: its output config is the next conv's input
+        if node.op_type == "Relu":
+            node.op_type = "HardSwish"
+    model.opset_import[0].version = 14
+    graph = quantize_onnx_model(model, data(2), platform="ORT_INT8", setting=setting)
+    unit = next(unit for unit in find_units(graph) if [op.name for op in unit] == ["act1"])
+    bias = graph.operations["conv2"].config.input_quantization_config[2]
+    assert bias.state in (S.PASSIVE, S.PASSIVE_BAKED)
+    move_to_fp32(graph, unit, readers="float")
+    assert graph.operations["conv2"].config.input_quantization_config[0].state is S.FP32
+    assert bias.state is S.FP32
+    outputs = ppqlike.NumpyExecutor(graph).forward(data(1)[0])
+    assert np.isfinite(outputs[0]).all()

@@ -151,6 +151,13 @@ def _release_readers(graph: Graph, unit: list[Operation], to_fp32: bool) -> int:
                 else:
                     config.detach(S.ACTIVATED)
                 released += 1
+        if to_fp32:   # a bias on S_input * S_weight whose input is now read float is float too
+            for config in _configs(operation):
+                if config.state in (S.PASSIVE, S.PASSIVE_INIT, S.PASSIVE_BAKED) and \
+                        any(master.state is S.FP32 for master in config.masters):
+                    config.reset()
+                    config.baked_value = None
+                    config.state = S.FP32
     return released
 
 
