@@ -32,8 +32,9 @@ not taken: holding every measured unit to the threshold against the error left a
 text detector, TRT_INT8: one more conv moved to FP32, held-aside cosine 0.9972 -> 0.9977, dev 0.985 -> 0.960).
 
 Fronts.  Where the error is still at least ``front_floor`` (cosine below 0.995; `best` sets 0.002) after that, the
-smallest front of the graph - its first 1, 2, 4, ... units in topological order, all but the last at most, half of
-them where the error is under ``WIDE_FRONT_ERROR`` - whose move halves the error, widened (doubled) while that
+smallest front of the graph - its first 1, 2, 4, ... units in topological order, each taken on to the end of the
+layer it would cut (a written-out HardSwish moves with its Conv), all but the last at most, half of them where the
+error is under ``WIDE_FRONT_ERROR`` - whose move halves the error, widened (doubled) while that
 halves the error again and it is still at least ``front_floor``, is moved: an in-model signal front end
 (basic-pitch's CQT, an STFT, a log-mel) is many units, none of which wrecks the output alone; the report and the
 verdict list what moved. Each front is tried at the platform's higher precision, then, unless that brought the
