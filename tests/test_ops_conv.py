@@ -288,11 +288,17 @@ def test_conv_transpose_1d_and_3d():
     ((3, 4, 4, 2), {"strides": [2, 1], "output_shape": [12, 6]}),
     ((6, 2, 4, 4), {"strides": [2, 2], "pads": [1, 2, 0, 1], "group": 3}),
     ((3, 4, 4, 4), {"strides": [2, 2], "pads": [3, 3, 2, 2]}),          # a crop no padding expresses
+    ((6, 1, 2, 2), {"strides": [2, 2], "group": 6}),                    # depthwise 2x2 upsampling (DBNet's head)
+    ((6, 2, 2, 2), {"strides": [2, 2], "group": 3}),                    # grouped, one tap per phase
 ])
 def test_conv_transpose_by_sub_pixel_phases(w_shape, attributes):
     """Kernels whose sides are multiples of the strides run as one convolution per output phase (the
     crop as its padding, the bias in its GEMM); crops too deep for that take the scatter path."""
     _deconv((2, w_shape[0], 6, 5), w_shape, **attributes)
+
+
+def test_conv_transpose_depthwise_upsampling_without_bias():
+    _deconv((2, 6, 7, 5), (6, 1, 2, 2), bias=False, strides=[2, 2], group=6)
 
 
 @pytest.mark.parametrize("threads", [2, 3])

@@ -325,6 +325,18 @@ def _transpose_by_phases(x: np.ndarray, w: np.ndarray, b, strides, group: int, s
     for r, (p, top, bottom) in enumerate(plan[0]):
         for c, (q, left, right) in enumerate(plan[1]):
             kernel = np.ascontiguousarray(forward[:, :, p::sh, q::sw][:, :, ::-1, ::-1])
+            if kernel.shape[2:] == (1, 1) and not (top or left or bottom or right) and group > 1:
+                # kernel = stride (a 2x2 stride-2 upsampling per channel group): each phase is a grouped 1x1
+                # product, which im2col would run as one tiny GEMM per group
+                if cig == cog == 1:   # depthwise: a scale per channel
+                    phase = x * kernel.reshape(1, group, 1, 1)
+                else:
+                    phase = np.matmul(kernel.reshape(group, cog, cig),
+                                      x.reshape(n, group, cig, -1)).reshape(n, group * cog, *x.shape[2:])
+                if b is not None:
+                    phase += b.reshape(1, -1, 1, 1)
+                out[:, :, r::sh, c::sw] = phase
+                continue
             out[:, :, r::sh, c::sw] = _conv_fast.im2col(x, kernel, b, (top, left, bottom, right), (1, 1), (1, 1),
                                                         group, x.dtype)
     return out
