@@ -81,7 +81,13 @@ def _prelu(x: np.ndarray, slope: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    """Sigmoid: 1 / (1 + exp(-x)); exp overflowing to inf gives the right 0."""
+    """Sigmoid, block by block on the kernel threads (``blockwise``: the same values; a written-out SiLU's
+    Sigmoid was 11% of a YOLOv8n's quantization time)."""
+    return blockwise(x, _sigmoid_block, x.dtype)
+
+
+def _sigmoid_block(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)); exp overflowing to inf gives the right 0."""
     with np.errstate(**_QUIET):
         out = np.negative(x, out=np.empty_like(x))
         np.exp(out, out=out)
