@@ -34,10 +34,10 @@ text detector, TRT_INT8: one more conv moved to FP32, held-aside cosine 0.9972 -
 Fronts.  Where the error is still at least ``front_floor`` (cosine below 0.995; `best` sets 0.002) after that, the
 smallest front of the graph - its first 1, 2, 4, ... units in topological order, each taken on to the end of the
 layer it would cut (a written-out HardSwish moves with its Conv), all but the last at most, half of them where the
-error is under ``WIDE_FRONT_ERROR`` - whose move halves the error, widened (doubled) while that
-halves the error again and it is still at least ``front_floor``, is moved: an in-model signal front end
-(basic-pitch's CQT, an STFT, a log-mel) is many units, none of which wrecks the output alone; the report and the
-verdict list what moved. Each front is tried at the platform's higher precision, then, unless that brought the
+error is under ``WIDE_FRONT_ERROR`` - whose move halves the error, widened (doubled) while that halves the error
+again and it is still at least ``front_floor``, is moved: an in-model signal front end (basic-pitch's CQT, an
+STFT, a log-mel) is many units, none of which wrecks the output alone; the report and the verdict list what
+moved. Each front is tried at the platform's higher precision, then, unless that brought the
 cosine above 0.995, in FP32, and the better kept (in FP32 only with ``float_fronts``: where the runtime computes
 the wider grid with float kernels between Q/DQ pairs, onnxruntime's CPU, FP32 is as exact and faster): a power
 spectrum read by a Log spans 100 dB and more, which no 16-bit grid holds (the log-mel family, ORT_INT8, held-aside
@@ -222,12 +222,13 @@ class LayerProtectionPass(QuantizationOptimizationPass):
 
     def _protect_front(self, graph: Graph, units, observed: dict, error, current: float) -> dict | None:
         """The smallest front of the graph (its first 1, 2, 4, ... units in topological order, each to the end of
-        its last layer, :func:`front_sizes`; all units but the last at most) whose move halves the error, then twice as wide while that halves the
-        error again and it is still at least ``front_floor``: an in-model signal front end (STFT, CQT, log-mel) is many units, none of
-        which wrecks the output alone (basic-pitch's CQT is 26 of its 36 units), and a backbone's wrecked layers
-        can span more than the first front that halves the error (PicoDet, ORT_INT8, held-aside samples: 8
-        units 0.119 -> 0.024, 16 units 0.0096).  Wider than half of the units only from an error of
-        ``WIDE_FRONT_ERROR`` or more.  None when no front halves the error."""
+        its last layer, :func:`front_sizes`; all units but the last at most) whose move halves the error, then
+        twice as wide while that halves the error again and it is still at least ``front_floor``: an in-model
+        signal front end (STFT, CQT, log-mel) is many units, none of which wrecks the output alone (basic-pitch's
+        CQT is 26 of its 36 units), and a backbone's wrecked layers can span more than the first front that halves
+        the error (PicoDet, ORT_INT8, held-aside samples: 8 units 0.119 -> 0.024, 16 units 0.0096).  Wider than
+        half of the units only from an error of ``WIDE_FRONT_ERROR`` or more.  None when no front halves the
+        error."""
         limit, half = max(1, len(units) - 1), max(1, len(units) // 2)
         original = snapshot(graph)
         found = None

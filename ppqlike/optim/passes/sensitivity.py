@@ -72,16 +72,12 @@ def sample_cosines(outputs: list, references: list, parts: list | None = None) -
     for index, (got, want) in enumerate(zip(outputs, references)):
         part = parts[index] if parts is not None and index < len(parts) else None
         pieces = list(zip(_split(np.asarray(got), part), _split(np.asarray(want), part)))
+        pooled = len(pieces) > 1   # (a split array has a batch axis: _split cuts only arrays of rank >= 2)
         for got_piece, want_piece in pieces:
             got_piece, want_piece = np.asarray(got_piece, np.float64), np.asarray(want_piece, np.float64)
-            if len(pieces) > 1:
-                pooled = _row_cosines(got_piece.reshape(1, -1), want_piece.reshape(1, -1))
-                values.append(np.repeat(pooled, got_piece.shape[0]))
-            elif got_piece.ndim >= 2:
-                values.append(_row_cosines(got_piece.reshape(got_piece.shape[0], -1),
-                                           want_piece.reshape(want_piece.shape[0], -1)))
-            else:
-                values.append(_row_cosines(got_piece.reshape(1, -1), want_piece.reshape(1, -1)))
+            rows = got_piece.shape[0] if got_piece.ndim >= 2 and not pooled else 1
+            cosines = _row_cosines(got_piece.reshape(rows, -1), want_piece.reshape(rows, -1))
+            values.append(np.repeat(cosines, got_piece.shape[0]) if pooled else cosines)
     if not values:
         return np.ones(1)
     if len({len(v) for v in values}) == 1:
